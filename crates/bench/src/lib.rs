@@ -1,0 +1,1 @@
+//! headroom-bench: placeholder until its issue lands.

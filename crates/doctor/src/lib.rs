@@ -1,0 +1,1 @@
+//! headroom-doctor: placeholder until its issue lands.

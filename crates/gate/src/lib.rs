@@ -1,0 +1,1 @@
+//! headroom-gate: placeholder until its issue lands.

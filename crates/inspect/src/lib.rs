@@ -1,0 +1,1 @@
+//! headroom-inspect: placeholder until its issue lands.

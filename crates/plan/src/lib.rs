@@ -1,0 +1,8 @@
+//! headroom-plan: pure GPU-memory arithmetic. Given a [`ModelSpec`] and engine settings it predicts
+//! what vLLM will spend (weights, activation peak, non-torch memory, CUDA graphs, KV cache), the
+//! blocks, tokens and concurrency it will log, its start-up failures, and the flags that fit a card
+//! shared with other tenants. No I/O lives here: callers hand in plain values.
+
+pub mod spec;
+
+pub use spec::*;

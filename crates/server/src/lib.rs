@@ -1,0 +1,1 @@
+//! headroom-server: placeholder until its issue lands.

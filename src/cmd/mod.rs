@@ -1,0 +1,60 @@
+//! Subcommand dispatch and the exit-code conventions every subcommand shares.
+
+pub mod plan;
+
+use std::process::ExitCode;
+
+/// Bad input or an unusable environment.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// A plan that does not fit the card.
+pub const EXIT_DOES_NOT_FIT: u8 = 3;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Predict GPU memory the way vLLM spends it and print flags that fit.
+    Plan(plan::PlanArgs),
+}
+
+pub fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Plan(args) => plan::run(args),
+    }
+}
+
+/// Flattens an error chain into one readable line.
+pub fn one_line(err: &anyhow::Error) -> String {
+    let text = format!("{err:#}");
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Help and version go to stdout with exit 0; every other parse error is one line and exit 2.
+pub fn report_clap_error(err: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match err.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = err.print();
+            if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                ExitCode::from(EXIT_BAD_INPUT)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            let rendered = err.render().to_string();
+            let first = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments")
+                .trim()
+                .trim_start_matches("error: ");
+            eprintln!("headroom: {first} (see --help)");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}

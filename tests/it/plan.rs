@@ -1,0 +1,1 @@
+//! `headroom plan` end to end through the built binary.
