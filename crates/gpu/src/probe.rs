@@ -1,0 +1,62 @@
+//! The probe contract: devices, their memory, and the processes holding it.
+
+use serde::{Deserialize, Serialize};
+
+/// One process's memory on one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessMemory {
+    pub pid: u32,
+    /// Process name from /proc (empty when unreadable, e.g. another container's pid).
+    pub name: String,
+    pub used_bytes: u64,
+}
+
+/// One device at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSnapshot {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub total_bytes: u64,
+    pub used_bytes: u64,
+    pub free_bytes: u64,
+    /// Memory the driver reserves for itself (NVML v2 `reserved`); 0 when not reported.
+    pub reserved_bytes: u64,
+    /// GPU utilization in percent over the driver's last sample period.
+    pub utilization_percent: Option<u32>,
+    /// `Some(true)` when MIG mode is enabled; `None` when the device does not support MIG.
+    pub mig_enabled: Option<bool>,
+    pub processes: Vec<ProcessMemory>,
+}
+
+/// Why a probe could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProbeError {
+    /// No NVIDIA driver or library on this machine; the string is the loader's reason.
+    #[error("no NVIDIA driver: {0}")]
+    NoDriver(String),
+    /// NVML answered with an error.
+    #[error("NVML error: {0}")]
+    Nvml(String),
+    /// The requested device index does not exist.
+    #[error("no GPU with index {0}")]
+    NoSuchDevice(u32),
+}
+
+impl ProbeError {
+    /// Short stable label, reused in metrics and JSON reasons.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ProbeError::NoDriver(_) => "no_driver",
+            ProbeError::Nvml(_) => "nvml",
+            ProbeError::NoSuchDevice(_) => "no_such_device",
+        }
+    }
+}
+
+/// Reads GPU memory. Implementations must be cheap enough to call every few milliseconds.
+pub trait GpuProbe: Send + Sync {
+    /// Every visible device, in index order.
+    fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError>;
+}
