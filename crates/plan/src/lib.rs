@@ -3,6 +3,9 @@
 //! blocks, tokens and concurrency it will log, its start-up failures, and the flags that fit a card
 //! shared with other tenants. No I/O lives here: callers hand in plain values.
 
+pub mod kv;
 pub mod spec;
+pub mod units;
+pub mod weights;
 
 pub use spec::*;
