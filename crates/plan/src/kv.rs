@@ -165,7 +165,13 @@ impl KvLayout {
         if self.is_uniform() {
             return self.groups[0].layers.max(1);
         }
-        let min = self.groups.iter().map(|g| g.layers).min().unwrap_or(1).max(1);
+        let min = self
+            .groups
+            .iter()
+            .map(|g| g.layers)
+            .min()
+            .unwrap_or(1)
+            .max(1);
         let max = self.groups.iter().map(|g| g.layers).max().unwrap_or(1);
         if (max as f64) < min as f64 * 1.25 {
             max

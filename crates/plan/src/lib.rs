@@ -4,8 +4,12 @@
 //! shared with other tenants. No I/O lives here: callers hand in plain values.
 
 pub mod kv;
+pub mod overhead;
 pub mod spec;
 pub mod units;
+pub mod vllm;
 pub mod weights;
 
+pub use kv::{KvCacheDtype, KvLayout, KvSettings};
 pub use spec::*;
+pub use vllm::{Failure, Plan, PlanError, PlanRequest, Reservation, plan};

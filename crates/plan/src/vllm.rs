@@ -1,0 +1,1168 @@
+//! vLLM's memory budget, reproduced: `requested = total × util`, `non_kv = weights + activation
+//! peak + non-torch`, `kv = requested − non_kv` (or exactly `--kv-cache-memory`), blocks, tokens and
+//! concurrency; its three start-up failures with its own numbers; the CUDA-graph pool outside the
+//! budget; co-tenants on the same card; the flags to pass; and the options when a plan misses.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::kv::{KvCacheDtype, KvLayout, KvSettings};
+use crate::overhead::{
+    CUDA_CONTEXT_BYTES, activation_peak_bytes, cuda_graph_bytes, non_torch_bytes,
+};
+use crate::spec::{Dtype, ModelKind, ModelSpec, QuantScheme, Quantization};
+use crate::units::{GIB, cdiv, floor_2dp, gib, thousands};
+use crate::weights::{estimated_weight_bytes, weight_bytes_per_rank};
+
+/// vLLM's default `--gpu-memory-utilization`.
+pub const DEFAULT_UTILIZATION: f64 = 0.9;
+/// The highest utilization headroom proposes on a card that other tenants share.
+pub const MAX_PROPOSED_UTILIZATION: f64 = 0.95;
+/// vLLM's default block size on CUDA.
+pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+
+/// Memory set aside for another tenant of the card (an audio server, say).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub name: String,
+    pub bytes: u64,
+    pub why: String,
+}
+
+/// Everything a plan depends on besides the model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRequest {
+    pub gpu_name: Option<String>,
+    pub gpu_total_bytes: u64,
+    pub gpu_memory_utilization: Option<f64>,
+    pub kv_cache_memory: Option<u64>,
+    pub max_model_len: Option<u64>,
+    pub max_num_seqs: Option<u64>,
+    pub max_num_batched_tokens: Option<u64>,
+    pub kv_cache_dtype: KvCacheDtype,
+    pub dtype: Option<Dtype>,
+    pub quantization: Option<QuantScheme>,
+    pub tensor_parallel_size: u64,
+    pub block_size: u64,
+    pub hybrid_kv_manager: bool,
+    pub enforce_eager: bool,
+    pub reservations: Vec<Reservation>,
+    /// Memory other processes already hold on the card.
+    pub other_used_bytes: u64,
+    /// Slack kept free on top of everything else.
+    pub safety_margin_bytes: u64,
+    pub audio_minutes: Option<f64>,
+    pub target_concurrency: Option<u64>,
+}
+
+impl PlanRequest {
+    /// A request with vLLM's defaults on a card of `total` bytes.
+    pub fn new(gpu_total_bytes: u64) -> PlanRequest {
+        PlanRequest {
+            gpu_name: None,
+            gpu_total_bytes,
+            gpu_memory_utilization: None,
+            kv_cache_memory: None,
+            max_model_len: None,
+            max_num_seqs: None,
+            max_num_batched_tokens: None,
+            kv_cache_dtype: KvCacheDtype::Auto,
+            dtype: None,
+            quantization: None,
+            tensor_parallel_size: 1,
+            block_size: DEFAULT_BLOCK_SIZE,
+            hybrid_kv_manager: true,
+            enforce_eager: false,
+            reservations: Vec::new(),
+            other_used_bytes: 0,
+            safety_margin_bytes: 0,
+            audio_minutes: None,
+            target_concurrency: None,
+        }
+    }
+
+    fn co_tenant_bytes(&self) -> u64 {
+        self.other_used_bytes + self.reservations.iter().map(|r| r.bytes).sum::<u64>()
+    }
+}
+
+/// Settings that make a plan meaningless.
+#[derive(Debug, Error, PartialEq)]
+#[non_exhaustive]
+pub enum PlanError {
+    #[error("--gpu-memory-utilization must be in (0, 1], got {0}")]
+    Utilization(f64),
+    #[error("--tensor-parallel-size must be at least 1")]
+    TensorParallel,
+    #[error("--{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("the GPU size must be more than 0 bytes")]
+    NoGpuMemory,
+    #[error("--audio-minutes needs a model with an audio tokenizer; {0} has none")]
+    NotAnAudioModel(String),
+    #[error("--audio-minutes must be a positive number of minutes, got {0}")]
+    AudioMinutes(f64),
+}
+
+/// How vLLM would fail to start (or run out of memory right after), with its numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Failure {
+    /// The weights alone exceed what is free on the card.
+    WeightsDoNotFit { weights_bytes: u64, free_bytes: u64 },
+    /// Newer V1: `free < util × total` at start, because other processes hold memory.
+    StartupFreeBelowUtilization {
+        free_bytes: u64,
+        total_bytes: u64,
+        utilization: f64,
+        requested_bytes: u64,
+    },
+    /// `requested − non_kv ≤ 0`: "No available memory for the cache blocks".
+    NoKvCacheMemory {
+        requested_bytes: u64,
+        non_kv_bytes: u64,
+    },
+    /// One `max_model_len` sequence does not fit in the KV pool.
+    MaxModelLenDoesNotFit {
+        max_model_len: u64,
+        needed_bytes: u64,
+        available_bytes: u64,
+        estimated_max_model_len: u64,
+    },
+    /// The budget plus the CUDA-graph pool, context and co-tenants exceed the card.
+    DeviceOvercommitted { needed_bytes: u64, total_bytes: u64 },
+}
+
+impl Failure {
+    /// The message vLLM (or the CUDA allocator) would print, with these numbers.
+    pub fn message(&self) -> String {
+        match self {
+            Failure::WeightsDoNotFit {
+                weights_bytes,
+                free_bytes,
+            } => format!(
+                "CUDA out of memory while loading weights: {:.2} GiB of weights per GPU, {:.2} GiB free",
+                gib(*weights_bytes),
+                gib(*free_bytes)
+            ),
+            Failure::StartupFreeBelowUtilization {
+                free_bytes,
+                total_bytes,
+                utilization,
+                requested_bytes,
+            } => format!(
+                "Free memory on device ({:.2}/{:.2} GiB) on startup is less than desired GPU memory utilization ({:.2}, {:.2} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+                gib(*free_bytes),
+                gib(*total_bytes),
+                utilization,
+                gib(*requested_bytes)
+            ),
+            Failure::NoKvCacheMemory { .. } => "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.".to_string(),
+            Failure::MaxModelLenDoesNotFit {
+                max_model_len,
+                needed_bytes,
+                available_bytes,
+                estimated_max_model_len,
+            } => format!(
+                "To serve at least one request with the models's max seq len ({max_model_len}), ({:.2} GiB KV cache is needed, which is larger than the available KV cache memory ({:.2} GiB). Based on the available memory, the estimated maximum model length is {estimated_max_model_len}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.",
+                gib(*needed_bytes),
+                gib(*available_bytes)
+            ),
+            Failure::DeviceOvercommitted {
+                needed_bytes,
+                total_bytes,
+            } => format!(
+                "CUDA out of memory after start-up: vLLM's budget, its CUDA-graph pool and context, and the other tenants need {:.2} GiB of a {:.2} GiB card",
+                gib(*needed_bytes),
+                gib(*total_bytes)
+            ),
+        }
+    }
+
+    /// Bytes missing for the plan to fit.
+    pub fn shortfall_bytes(&self) -> u64 {
+        match self {
+            Failure::WeightsDoNotFit {
+                weights_bytes,
+                free_bytes,
+            } => weights_bytes.saturating_sub(*free_bytes),
+            Failure::StartupFreeBelowUtilization {
+                free_bytes,
+                requested_bytes,
+                ..
+            } => requested_bytes.saturating_sub(*free_bytes),
+            Failure::NoKvCacheMemory {
+                requested_bytes,
+                non_kv_bytes,
+            } => non_kv_bytes.saturating_sub(*requested_bytes),
+            Failure::MaxModelLenDoesNotFit {
+                needed_bytes,
+                available_bytes,
+                ..
+            } => needed_bytes.saturating_sub(*available_bytes),
+            Failure::DeviceOvercommitted {
+                needed_bytes,
+                total_bytes,
+            } => needed_bytes.saturating_sub(*total_bytes),
+        }
+    }
+}
+
+/// One row of the memory table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Component {
+    pub name: String,
+    pub bytes: u64,
+    pub why: String,
+}
+
+/// Audio-context arithmetic for models with an audio tokenizer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AudioContext {
+    pub tokens_per_second: f64,
+    pub tokens_per_minute: f64,
+    /// Minutes of audio whose tokens fit in one `max_model_len` sequence (audio tokens only).
+    pub minutes_per_sequence: f64,
+    /// For `--audio-minutes`: the audio tokens, the transcript allowance and the length needed.
+    pub requested_minutes: Option<f64>,
+    pub audio_tokens: Option<u64>,
+    pub transcript_tokens_allowance: Option<u64>,
+    pub max_model_len_needed: Option<u64>,
+}
+
+/// Transcript tokens budgeted per minute of audio when sizing `--max-model-len` for ASR:
+/// about 150 spoken words a minute at ~1.3 tokens a word, plus speaker and timestamp markup.
+pub const TRANSCRIPT_TOKENS_PER_MINUTE: u64 = 250;
+/// Tokens of instruction prompt budgeted around the audio.
+pub const ASR_PROMPT_TOKENS: u64 = 128;
+
+/// An alternative that would make a missed plan fit, with its numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitOption {
+    /// Short name: `fp8_kv_cache`, `4bit_checkpoint`, `shorter_context`, `fewer_sequences`, `tensor_parallel_2`.
+    pub option: String,
+    pub description: String,
+    /// Flags that change.
+    pub vllm_args: Vec<String>,
+    pub memory_needed_bytes: u64,
+    pub fits: bool,
+    pub max_model_len: u64,
+    pub concurrency: u64,
+}
+
+/// The inverse question: memory for N sequences of L tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetPlan {
+    pub concurrency: u64,
+    pub max_model_len: u64,
+    pub kv_cache_bytes_needed: u64,
+    /// Whole-card memory needed: this instance (with graphs and context), co-tenants and margin.
+    pub memory_needed_bytes: u64,
+    pub fits: bool,
+}
+
+/// Limits for `headroom serve` that follow from the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaneHints {
+    /// Sequences the KV pool holds at full length, capped by `--max-num-seqs`.
+    pub text_max_inflight: u64,
+    /// A short queue at the gateway instead of an unbounded one inside the engine.
+    pub text_max_queue: u64,
+    /// One job at a time per audio tenant (speech servers serialize requests).
+    pub audio_max_inflight: u64,
+}
+
+/// A full prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub model: String,
+    pub model_source: String,
+    pub gpu_name: Option<String>,
+    pub gpu_total_bytes: u64,
+    pub tensor_parallel_size: u64,
+    pub weights_bytes: u64,
+    /// `exact` (from headers) or `estimated` (from the shape).
+    pub weights_origin: String,
+    pub quantization: String,
+    pub dtype: String,
+    pub kv_bytes_per_token: u64,
+    pub activation_peak_bytes: u64,
+    pub non_torch_bytes: u64,
+    pub cuda_graph_bytes: u64,
+    pub cuda_context_bytes: u64,
+    /// Co-tenants: reservations plus memory other processes hold.
+    pub reserved_bytes: u64,
+    pub safety_margin_bytes: u64,
+    pub gpu_memory_utilization: f64,
+    /// Where the utilization came from: `given`, `default`, or `largest_safe`.
+    pub utilization_source: String,
+    pub largest_safe_gpu_memory_utilization: f64,
+    pub requested_bytes: u64,
+    pub kv_cache_bytes: u64,
+    /// The `--kv-cache-memory` value equivalent to the utilization.
+    pub kv_cache_memory_bytes: u64,
+    pub kv_cache_tokens: u64,
+    pub num_blocks: u64,
+    pub block_size: u64,
+    pub kv_cache_dtype: String,
+    pub max_model_len: u64,
+    pub max_num_seqs: u64,
+    pub max_num_batched_tokens: u64,
+    pub max_concurrency: f64,
+    /// Whole-card use once vLLM runs: `util × total` (or its parts) + graphs + context + co-tenants.
+    pub device_peak_bytes: u64,
+    pub fits: bool,
+    pub failure: Option<Failure>,
+    pub shortfall_bytes: u64,
+    pub estimated_max_model_len: Option<u64>,
+    pub components: Vec<Component>,
+    pub reservations: Vec<Reservation>,
+    pub vllm_args: Vec<String>,
+    pub lanes: LaneHints,
+    pub audio: Option<AudioContext>,
+    pub target: Option<TargetPlan>,
+    pub options: Vec<FitOption>,
+    pub warnings: Vec<String>,
+}
+
+/// vLLM's default `(max_num_batched_tokens, max_num_seqs)` for `vllm serve`: larger on cards of
+/// 70 GiB or more (except A100s).
+pub fn default_batching(total_bytes: u64, gpu_name: Option<&str>) -> (u64, u64) {
+    let is_a100 = gpu_name.is_some_and(|n| n.to_ascii_lowercase().contains("a100"));
+    if total_bytes >= 70 * GIB && !is_a100 {
+        (8192, 1024)
+    } else {
+        (2048, 256)
+    }
+}
+
+struct Resolved {
+    spec: ModelSpec,
+    weights_total: u64,
+    weights_exact: bool,
+    tp: u64,
+    max_model_len: u64,
+    max_num_seqs: u64,
+    mbt: u64,
+    layout: KvLayout,
+}
+
+fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> Resolved {
+    let mut spec = spec.clone();
+    if let Some(d) = req.dtype {
+        spec.dtype = d;
+    }
+    let mut weights_exact = spec.exact_weights.is_some();
+    if let Some(q) = req.quantization
+        && q != spec.quantization.scheme
+    {
+        if spec.quantization.scheme != QuantScheme::None && q == QuantScheme::None {
+            warnings.push(format!(
+                "the checkpoint is {}-quantized; planning it as unquantized weights",
+                spec.quantization.scheme.label()
+            ));
+        }
+        spec.quantization = Quantization {
+            scheme: q,
+            group_size: spec.quantization.group_size,
+            experts_only: spec.quantization.experts_only && q == QuantScheme::Mxfp4,
+        };
+        weights_exact = false;
+    }
+    let weights_total = match (weights_exact, spec.exact_weights) {
+        (true, Some(w)) => w.bytes,
+        _ => estimated_weight_bytes(&spec, spec.quantization),
+    };
+    let tp = req.tensor_parallel_size.max(1);
+    let default_len = spec.max_position_embeddings.max(1);
+    let max_model_len = match req.max_model_len {
+        Some(l) => {
+            if l > default_len {
+                warnings.push(format!(
+                    "--max-model-len {l} is above the model's {default_len} positions; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+                ));
+            }
+            l
+        }
+        None => default_len,
+    };
+    let (default_mbt, default_seqs) =
+        default_batching(req.gpu_total_bytes, req.gpu_name.as_deref());
+    let max_num_seqs = req.max_num_seqs.unwrap_or(default_seqs);
+    let mbt = req
+        .max_num_batched_tokens
+        .unwrap_or(default_mbt)
+        .max(max_num_seqs.min(default_mbt));
+    let layout = KvLayout::new(
+        &spec,
+        KvSettings {
+            dtype: req.kv_cache_dtype,
+            tensor_parallel_size: tp,
+            block_size: req.block_size,
+            hybrid_manager: req.hybrid_kv_manager,
+        },
+    );
+    Resolved {
+        spec,
+        weights_total,
+        weights_exact,
+        tp,
+        max_model_len,
+        max_num_seqs,
+        mbt,
+        layout,
+    }
+}
+
+/// Predicts vLLM's memory for `spec` under `req`.
+pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
+    validate(spec, req)?;
+    let mut warnings = Vec::new();
+    let mut req = req.clone();
+    let audio = audio_context(spec, &mut req)?;
+    let r = resolve(spec, &req, &mut warnings);
+    let total = req.gpu_total_bytes;
+    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let activation = activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp);
+    let non_torch = non_torch_bytes(r.tp);
+    let graphs = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager);
+    let context = CUDA_CONTEXT_BYTES;
+    let co_tenants = req.co_tenant_bytes();
+    let margin = req.safety_margin_bytes;
+    let non_kv = weights + activation + non_torch;
+
+    // Largest utilization whose whole footprint leaves every co-tenant and the margin free.
+    let room = total.saturating_sub(co_tenants + margin + graphs + context);
+    let largest_safe = floor_2dp(room as f64 / total as f64).clamp(0.0, 1.0);
+    let shared = co_tenants > 0;
+    let (utilization, utilization_source) = match req.gpu_memory_utilization {
+        Some(u) => (u, "given"),
+        None if shared => (largest_safe.min(MAX_PROPOSED_UTILIZATION), "largest_safe"),
+        None if largest_safe >= DEFAULT_UTILIZATION => (DEFAULT_UTILIZATION, "default"),
+        None => (largest_safe, "largest_safe"),
+    };
+    let requested = (total as f64 * utilization).floor() as u64;
+    let free_at_start = total.saturating_sub(co_tenants);
+
+    let kv_cache = match req.kv_cache_memory {
+        Some(k) => k,
+        None => requested.saturating_sub(non_kv),
+    };
+    let num_blocks = r.layout.num_blocks(kv_cache);
+    let kv_tokens = r.layout.tokens(num_blocks);
+    let max_concurrency = r.layout.max_concurrency(num_blocks, r.max_model_len, r.mbt);
+    let needed_one = r.layout.bytes_per_request(r.max_model_len, r.mbt);
+    let pool_bytes = num_blocks * r.layout.bytes_per_block();
+
+    let instance = match req.kv_cache_memory {
+        Some(k) => non_kv + k,
+        None => requested.max(non_kv),
+    } + graphs
+        + context;
+    let device_peak = instance + co_tenants;
+
+    let mut estimated_max_model_len = None;
+    let failure = if weights > free_at_start {
+        Some(Failure::WeightsDoNotFit {
+            weights_bytes: weights,
+            free_bytes: free_at_start,
+        })
+    } else if free_at_start < requested {
+        Some(Failure::StartupFreeBelowUtilization {
+            free_bytes: free_at_start,
+            total_bytes: total,
+            utilization,
+            requested_bytes: requested,
+        })
+    } else if req.kv_cache_memory.is_none() && requested <= non_kv {
+        Some(Failure::NoKvCacheMemory {
+            requested_bytes: requested,
+            non_kv_bytes: non_kv,
+        })
+    } else if needed_one > pool_bytes {
+        let est = r.layout.max_seq_len_for(pool_bytes, r.max_model_len, r.mbt);
+        estimated_max_model_len = Some(est);
+        Some(Failure::MaxModelLenDoesNotFit {
+            max_model_len: r.max_model_len,
+            needed_bytes: needed_one,
+            available_bytes: kv_cache,
+            estimated_max_model_len: est,
+        })
+    } else if device_peak + margin > total {
+        Some(Failure::DeviceOvercommitted {
+            needed_bytes: device_peak + margin,
+            total_bytes: total,
+        })
+    } else {
+        None
+    };
+
+    if graphs > 0 {
+        warnings.push(format!(
+            "CUDA graphs take about {:.2} GiB outside --gpu-memory-utilization in most vLLM versions (estimated; --enforce-eager removes them at a speed cost)",
+            gib(graphs)
+        ));
+    }
+    if shared {
+        warnings.push("start every co-tenant and let it reach its steady-state memory before vLLM starts: vLLM checks free memory once at start-up and assumes it never shrinks".to_string());
+    }
+    if req.kv_cache_memory.is_some() {
+        warnings.push("--kv-cache-memory fixes the KV pool and ignores --gpu-memory-utilization for it; vLLM still refuses to start unless util × total is free".to_string());
+    }
+    if r.spec.sliding_window.is_some() && r.spec.num_sliding_layers > 0 {
+        warnings.push(if req.hybrid_kv_manager {
+            "sliding-window layers keep only their window (hybrid KV-cache manager); vLLM versions differ here, and 'GPU KV cache size' is reported per layer group".to_string()
+        } else {
+            "hybrid KV-cache manager off: sliding-window layers are charged at full length".to_string()
+        });
+    }
+    if r.spec.kind == ModelKind::SpeechToText && r.spec.encoder_decoder.is_some() {
+        warnings.push(
+            "each request also holds cross-attention KV for the encoder's 1,500 positions"
+                .to_string(),
+        );
+    }
+
+    let concurrency_floor = max_concurrency.floor() as u64;
+    let lanes = LaneHints {
+        text_max_inflight: concurrency_floor.min(r.max_num_seqs).max(1),
+        text_max_queue: (concurrency_floor.min(r.max_num_seqs).max(1) * 2).min(64),
+        audio_max_inflight: 1,
+    };
+
+    let mut vllm_args = vec![
+        "--gpu-memory-utilization".to_string(),
+        format!("{utilization:.2}"),
+    ];
+    if let Some(k) = req.kv_cache_memory {
+        vllm_args.push("--kv-cache-memory".to_string());
+        vllm_args.push(k.to_string());
+    }
+    vllm_args.extend([
+        "--max-model-len".to_string(),
+        r.max_model_len.to_string(),
+        "--max-num-seqs".to_string(),
+        r.max_num_seqs.to_string(),
+        "--max-num-batched-tokens".to_string(),
+        r.mbt.to_string(),
+        "--kv-cache-dtype".to_string(),
+        req.kv_cache_dtype.label().to_string(),
+    ]);
+    if r.tp > 1 {
+        vllm_args.push("--tensor-parallel-size".to_string());
+        vllm_args.push(r.tp.to_string());
+    }
+    if req.dtype.is_some() {
+        vllm_args.push("--dtype".to_string());
+        vllm_args.push(r.spec.dtype.vllm_name().to_string());
+    }
+    if req.quantization.is_some()
+        && let Some(q) = r.spec.quantization.scheme.vllm_name()
+    {
+        vllm_args.push("--quantization".to_string());
+        vllm_args.push(q.to_string());
+    }
+    if req.block_size != DEFAULT_BLOCK_SIZE {
+        vllm_args.push("--block-size".to_string());
+        vllm_args.push(req.block_size.to_string());
+    }
+    if req.enforce_eager {
+        vllm_args.push("--enforce-eager".to_string());
+    }
+    if !req.hybrid_kv_manager {
+        vllm_args.push("--disable-hybrid-kv-cache-manager".to_string());
+    }
+
+    let per_token = r.layout.bytes_per_token();
+    let components = components(
+        &r, &req, weights, activation, non_torch, graphs, kv_cache, per_token,
+    );
+
+    let target = req
+        .target_concurrency
+        .map(|n| target_plan(n, &r, &req, non_kv, graphs + context));
+    let target_missed = target.as_ref().is_some_and(|t| !t.fits);
+    let options = if failure.is_some() || target_missed {
+        fit_options(spec, &req, target.as_ref().map_or(1, |t| t.concurrency))
+    } else {
+        Vec::new()
+    };
+    let shortfall = match (&failure, &target) {
+        (Some(f), _) => f.shortfall_bytes(),
+        (None, Some(t)) if !t.fits => t.memory_needed_bytes.saturating_sub(total),
+        _ => 0,
+    };
+
+    Ok(Plan {
+        model: spec.name.clone(),
+        model_source: spec.source.clone(),
+        gpu_name: req.gpu_name.clone(),
+        gpu_total_bytes: total,
+        tensor_parallel_size: r.tp,
+        weights_bytes: weights,
+        weights_origin: if r.weights_exact {
+            "exact"
+        } else {
+            "estimated"
+        }
+        .to_string(),
+        quantization: r.spec.quantization.scheme.label().to_string(),
+        dtype: r.spec.dtype.vllm_name().to_string(),
+        kv_bytes_per_token: per_token,
+        activation_peak_bytes: activation,
+        non_torch_bytes: non_torch,
+        cuda_graph_bytes: graphs,
+        cuda_context_bytes: context,
+        reserved_bytes: co_tenants,
+        safety_margin_bytes: margin,
+        gpu_memory_utilization: utilization,
+        utilization_source: utilization_source.to_string(),
+        largest_safe_gpu_memory_utilization: largest_safe,
+        requested_bytes: requested,
+        kv_cache_bytes: kv_cache,
+        kv_cache_memory_bytes: kv_cache,
+        kv_cache_tokens: kv_tokens,
+        num_blocks,
+        block_size: r.layout.block_size,
+        kv_cache_dtype: req.kv_cache_dtype.label().to_string(),
+        max_model_len: r.max_model_len,
+        max_num_seqs: r.max_num_seqs,
+        max_num_batched_tokens: r.mbt,
+        max_concurrency,
+        device_peak_bytes: device_peak,
+        fits: failure.is_none() && !target_missed,
+        failure,
+        shortfall_bytes: shortfall,
+        estimated_max_model_len,
+        components,
+        reservations: req.reservations.clone(),
+        vllm_args,
+        lanes,
+        audio,
+        target,
+        options,
+        warnings,
+    })
+}
+
+fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
+    if req.gpu_total_bytes == 0 {
+        return Err(PlanError::NoGpuMemory);
+    }
+    if let Some(u) = req.gpu_memory_utilization
+        && !(u > 0.0 && u <= 1.0)
+    {
+        return Err(PlanError::Utilization(u));
+    }
+    if req.tensor_parallel_size == 0 {
+        return Err(PlanError::TensorParallel);
+    }
+    for (name, v) in [
+        ("max-model-len", req.max_model_len),
+        ("max-num-seqs", req.max_num_seqs),
+        ("max-num-batched-tokens", req.max_num_batched_tokens),
+        ("target-concurrency", req.target_concurrency),
+        ("block-size", Some(req.block_size)),
+    ] {
+        if v == Some(0) {
+            return Err(PlanError::Zero(name));
+        }
+    }
+    if let Some(m) = req.audio_minutes {
+        if !(m.is_finite() && m > 0.0) {
+            return Err(PlanError::AudioMinutes(m));
+        }
+        if spec.audio_tokenizer.is_none() {
+            return Err(PlanError::NotAnAudioModel(spec.name.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// Fills in `max_model_len` from `--audio-minutes` when it was not given.
+fn audio_context(
+    spec: &ModelSpec,
+    req: &mut PlanRequest,
+) -> Result<Option<AudioContext>, PlanError> {
+    let Some(tok) = spec.audio_tokenizer else {
+        return Ok(None);
+    };
+    let per_s = tok.tokens_per_second();
+    let per_min = per_s * 60.0;
+    let mut ctx = AudioContext {
+        tokens_per_second: per_s,
+        tokens_per_minute: per_min,
+        minutes_per_sequence: 0.0,
+        requested_minutes: None,
+        audio_tokens: None,
+        transcript_tokens_allowance: None,
+        max_model_len_needed: None,
+    };
+    if let Some(minutes) = req.audio_minutes {
+        let samples = (minutes * 60.0 * tok.sample_rate_hz as f64).ceil() as u64;
+        let audio_tokens = cdiv(samples, tok.samples_per_token);
+        let allowance = (minutes * TRANSCRIPT_TOKENS_PER_MINUTE as f64).ceil() as u64;
+        let needed = audio_tokens + allowance + ASR_PROMPT_TOKENS;
+        ctx.requested_minutes = Some(minutes);
+        ctx.audio_tokens = Some(audio_tokens);
+        ctx.transcript_tokens_allowance = Some(allowance);
+        ctx.max_model_len_needed = Some(needed);
+        if req.max_model_len.is_none() {
+            req.max_model_len = Some(needed);
+        }
+    }
+    let len = req.max_model_len.unwrap_or(spec.max_position_embeddings);
+    ctx.minutes_per_sequence = len as f64 / per_min;
+    Ok(Some(ctx))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn components(
+    r: &Resolved,
+    req: &PlanRequest,
+    weights: u64,
+    activation: u64,
+    non_torch: u64,
+    graphs: u64,
+    kv_cache: u64,
+    per_token: u64,
+) -> Vec<Component> {
+    let tp_note = if r.tp > 1 {
+        format!(" on each of {} ranks", r.tp)
+    } else {
+        String::new()
+    };
+    let mut rows = vec![
+        Component {
+            name: "weights".into(),
+            bytes: weights,
+            why: if r.weights_exact {
+                format!("exact, from tensor headers{tp_note}")
+            } else {
+                format!(
+                    "estimated from the shape, {} {}{tp_note}",
+                    r.spec.quantization.scheme.label(),
+                    r.spec.dtype.vllm_name()
+                )
+            },
+        },
+        Component {
+            name: "activation peak".into(),
+            bytes: activation,
+            why: format!(
+                "profiling pass over {} batched tokens + sampler over {} sequences",
+                thousands(r.mbt),
+                r.max_num_seqs
+            ),
+        },
+        Component {
+            name: "non-torch".into(),
+            bytes: non_torch,
+            why: if r.tp > 1 {
+                "cuBLAS/attention workspaces + NCCL and all-reduce buffers".into()
+            } else {
+                "cuBLAS and attention-backend workspaces".into()
+            },
+        },
+        Component {
+            name: "KV cache".into(),
+            bytes: kv_cache,
+            why: format!(
+                "{} B/token, {} tokens in blocks of {}",
+                thousands(per_token),
+                thousands(r.layout.tokens(r.layout.num_blocks(kv_cache))),
+                r.layout.block_size
+            ),
+        },
+        Component {
+            name: "CUDA graphs".into(),
+            bytes: graphs,
+            why: if graphs == 0 {
+                "--enforce-eager".into()
+            } else {
+                "captured after the KV cache, outside the utilization budget (estimate)".into()
+            },
+        },
+        Component {
+            name: "CUDA context".into(),
+            bytes: CUDA_CONTEXT_BYTES,
+            why: "the vLLM process's context, outside util × total".into(),
+        },
+    ];
+    for res in &req.reservations {
+        rows.push(Component {
+            name: format!("reserved: {}", res.name),
+            bytes: res.bytes,
+            why: res.why.clone(),
+        });
+    }
+    if req.other_used_bytes > 0 {
+        rows.push(Component {
+            name: "other processes".into(),
+            bytes: req.other_used_bytes,
+            why: "already held on the card (--other-used)".into(),
+        });
+    }
+    if req.safety_margin_bytes > 0 {
+        rows.push(Component {
+            name: "safety margin".into(),
+            bytes: req.safety_margin_bytes,
+            why: "kept free on purpose".into(),
+        });
+    }
+    rows
+}
+
+fn target_plan(
+    n: u64,
+    r: &Resolved,
+    req: &PlanRequest,
+    non_kv: u64,
+    outside_budget: u64,
+) -> TargetPlan {
+    let kv_needed = n * r.layout.bytes_per_request(r.max_model_len, r.mbt);
+    let needed =
+        non_kv + kv_needed + outside_budget + req.co_tenant_bytes() + req.safety_margin_bytes;
+    TargetPlan {
+        concurrency: n,
+        max_model_len: r.max_model_len,
+        kv_cache_bytes_needed: kv_needed,
+        memory_needed_bytes: needed,
+        fits: needed <= req.gpu_total_bytes,
+    }
+}
+
+/// KV bytes an instance could use if it took every byte the co-tenants and margin leave.
+fn kv_room(r: &Resolved, req: &PlanRequest) -> (u64, u64) {
+    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let non_kv = weights
+        + activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp)
+        + non_torch_bytes(r.tp);
+    let outside = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager) + CUDA_CONTEXT_BYTES;
+    let fixed = non_kv + outside + req.co_tenant_bytes() + req.safety_margin_bytes;
+    (req.gpu_total_bytes.saturating_sub(fixed), fixed)
+}
+
+/// Evaluates one variant of the request for `n` sequences of the requested length.
+fn try_variant(
+    spec: &ModelSpec,
+    req: &PlanRequest,
+    n: u64,
+    option: &str,
+    description: String,
+    vllm_args: Vec<String>,
+) -> FitOption {
+    let mut scratch = Vec::new();
+    let r = resolve(spec, req, &mut scratch);
+    let (room, fixed) = kv_room(&r, req);
+    let per_request = r.layout.bytes_per_request(r.max_model_len, r.mbt);
+    let needed = fixed + n * per_request;
+    let concurrency = room.checked_div(per_request).unwrap_or(0);
+    FitOption {
+        option: option.to_string(),
+        description,
+        vllm_args,
+        memory_needed_bytes: needed,
+        fits: needed <= req.gpu_total_bytes,
+        max_model_len: r.max_model_len,
+        concurrency,
+    }
+}
+
+/// Each change that could make `n` sequences fit, with its resulting numbers.
+pub fn fit_options(spec: &ModelSpec, req: &PlanRequest, n: u64) -> Vec<FitOption> {
+    let mut out = Vec::new();
+    let mut scratch = Vec::new();
+    let base = resolve(spec, req, &mut scratch);
+    let len = base.max_model_len;
+
+    if req.kv_cache_dtype != KvCacheDtype::Fp8 {
+        let mut v = req.clone();
+        v.kv_cache_dtype = KvCacheDtype::Fp8;
+        out.push(try_variant(
+            spec,
+            &v,
+            n,
+            "fp8_kv_cache",
+            "store the KV cache in fp8: half the bytes per token".into(),
+            vec!["--kv-cache-dtype".into(), "fp8".into()],
+        ));
+    }
+    let scheme = req.quantization.unwrap_or(spec.quantization.scheme);
+    if matches!(
+        scheme,
+        QuantScheme::None | QuantScheme::Fp8 | QuantScheme::Bnb8
+    ) {
+        let mut v = req.clone();
+        v.quantization = Some(QuantScheme::Awq);
+        out.push(try_variant(
+            spec,
+            &v,
+            n,
+            "4bit_checkpoint",
+            "serve a 4-bit AWQ checkpoint of the same model (weights estimated)".into(),
+            vec!["--quantization".into(), "awq_marlin".into()],
+        ));
+    }
+
+    let (room, fixed) = kv_room(&base, req);
+    let per_seq_room = room / n.max(1);
+    let shorter = base.layout.max_seq_len_for(per_seq_room, len, base.mbt);
+    if shorter > 0 && shorter < len {
+        let shorter = shorter / base.layout.block_size * base.layout.block_size;
+        let needed = fixed + n * base.layout.bytes_per_request(shorter, base.mbt);
+        out.push(FitOption {
+            option: "shorter_context".into(),
+            description: format!("cap the context at {} tokens", thousands(shorter)),
+            vllm_args: vec!["--max-model-len".into(), shorter.to_string()],
+            memory_needed_bytes: needed,
+            fits: needed <= req.gpu_total_bytes,
+            max_model_len: shorter,
+            concurrency: n,
+        });
+    }
+
+    let per_request = base.layout.bytes_per_request(len, base.mbt);
+    if let Some(fewer) = room.checked_div(per_request)
+        && fewer >= 1
+        && fewer < n
+    {
+        out.push(FitOption {
+            option: "fewer_sequences".into(),
+            description: format!("serve {fewer} full-length sequences at once instead of {n}"),
+            vllm_args: vec!["--max-num-seqs".into(), fewer.to_string()],
+            memory_needed_bytes: fixed + fewer * per_request,
+            fits: true,
+            max_model_len: len,
+            concurrency: fewer,
+        });
+    }
+
+    if req.tensor_parallel_size == 1 {
+        let mut v = req.clone();
+        v.tensor_parallel_size = 2;
+        out.push(try_variant(
+            spec,
+            &v,
+            n,
+            "tensor_parallel_2",
+            "split the model over two such GPUs (figures per GPU)".into(),
+            vec!["--tensor-parallel-size".into(), "2".into()],
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::{AudioTokenizer, ExactWeights, WeightsOrigin};
+
+    fn llama_8b() -> ModelSpec {
+        ModelSpec::dense(
+            "meta-llama/Llama-3.1-8B-Instruct",
+            4096,
+            14336,
+            32,
+            32,
+            8,
+            128_256,
+        )
+    }
+
+    #[test]
+    fn fixed_kv_cache_memory_gives_vllms_blocks_and_concurrency() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.kv_cache_memory = Some(4 * GIB);
+        req.max_model_len = Some(8192);
+        let p = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(p.num_blocks, 2048);
+        assert_eq!(p.kv_cache_tokens, 32_768);
+        assert_eq!(format!("{:.2}", p.max_concurrency), "4.00");
+        assert!(p.vllm_args.contains(&"--kv-cache-memory".to_string()));
+    }
+
+    #[test]
+    fn budget_is_utilization_minus_everything_else() {
+        let mut req = PlanRequest::new(80 * GIB);
+        req.gpu_memory_utilization = Some(0.9);
+        req.max_model_len = Some(8192);
+        let p = plan(&llama_8b(), &req).unwrap();
+        let expected =
+            p.requested_bytes - p.weights_bytes - p.activation_peak_bytes - p.non_torch_bytes;
+        assert_eq!(p.kv_cache_bytes, expected);
+        assert!(p.fits);
+        assert_eq!(p.failure, None);
+    }
+
+    #[test]
+    fn other_processes_trip_the_startup_check() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.gpu_memory_utilization = Some(0.9);
+        req.other_used_bytes = 4 * GIB;
+        req.max_model_len = Some(8192);
+        let p = plan(&llama_8b(), &req).unwrap();
+        match p.failure {
+            Some(Failure::StartupFreeBelowUtilization { free_bytes, .. }) => {
+                assert_eq!(free_bytes, 20 * GIB)
+            }
+            ref f => panic!("{f:?}"),
+        }
+        assert!(!p.fits);
+        assert!(p.shortfall_bytes > 0);
+        assert!(
+            p.failure
+                .unwrap()
+                .message()
+                .starts_with("Free memory on device (20.00/24.00 GiB)")
+        );
+    }
+
+    #[test]
+    fn a_small_card_has_no_room_for_cache_blocks() {
+        let mut req = PlanRequest::new(16 * GIB);
+        req.gpu_memory_utilization = Some(0.9);
+        let p = plan(&llama_8b(), &req).unwrap();
+        assert!(
+            matches!(p.failure, Some(Failure::NoKvCacheMemory { .. })),
+            "{:?}",
+            p.failure
+        );
+        assert!(!p.options.is_empty());
+    }
+
+    #[test]
+    fn long_context_that_does_not_fit_reports_the_estimated_length() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.gpu_memory_utilization = Some(0.9);
+        req.max_model_len = Some(131_072);
+        let p = plan(&llama_8b(), &req).unwrap();
+        match &p.failure {
+            Some(Failure::MaxModelLenDoesNotFit {
+                estimated_max_model_len,
+                needed_bytes,
+                ..
+            }) => {
+                assert_eq!(*needed_bytes, 16 * GIB);
+                assert!(*estimated_max_model_len > 0 && *estimated_max_model_len < 131_072);
+                assert_eq!(p.estimated_max_model_len, Some(*estimated_max_model_len));
+            }
+            f => panic!("{f:?}"),
+        }
+        let fp8 = p
+            .options
+            .iter()
+            .find(|o| o.option == "fp8_kv_cache")
+            .unwrap();
+        let shorter = p
+            .options
+            .iter()
+            .find(|o| o.option == "shorter_context")
+            .unwrap();
+        assert!(shorter.fits);
+        assert!(shorter.max_model_len < 131_072);
+        assert!(
+            fp8.memory_needed_bytes
+                < p.options
+                    .iter()
+                    .find(|o| o.option == "4bit_checkpoint")
+                    .map_or(u64::MAX, |o| o.memory_needed_bytes + 16 * GIB)
+        );
+    }
+
+    #[test]
+    fn reservations_lower_the_proposed_utilization() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.max_model_len = Some(16384);
+        req.max_num_seqs = Some(4);
+        let alone = plan(&llama_8b(), &req).unwrap();
+        req.reservations.push(Reservation {
+            name: "whisper".into(),
+            bytes: 5 * GIB,
+            why: "test".into(),
+        });
+        let shared = plan(&llama_8b(), &req).unwrap();
+        assert!(shared.gpu_memory_utilization < alone.gpu_memory_utilization);
+        assert_eq!(shared.utilization_source, "largest_safe");
+        // Everything vLLM holds plus the reservation fits the card.
+        assert!(shared.device_peak_bytes <= req.gpu_total_bytes);
+        assert!(
+            shared.requested_bytes + shared.cuda_graph_bytes + CUDA_CONTEXT_BYTES + 5 * GIB
+                <= 24 * GIB
+        );
+    }
+
+    #[test]
+    fn exact_weights_win_over_the_estimate() {
+        let mut spec = llama_8b();
+        spec.exact_weights = Some(ExactWeights {
+            bytes: 16_060_522_496,
+            origin: WeightsOrigin::SafetensorsHeaders,
+        });
+        let p = plan(&spec, &PlanRequest::new(80 * GIB)).unwrap();
+        assert_eq!(p.weights_bytes, 16_060_522_496);
+        assert_eq!(p.weights_origin, "exact");
+        let mut req = PlanRequest::new(80 * GIB);
+        req.quantization = Some(QuantScheme::Awq);
+        let q = plan(&spec, &req).unwrap();
+        assert_eq!(q.weights_origin, "estimated");
+        assert!(q.weights_bytes < p.weights_bytes / 2);
+    }
+
+    #[test]
+    fn target_concurrency_reports_memory_and_options() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.max_model_len = Some(32_768);
+        req.target_concurrency = Some(8);
+        let p = plan(&llama_8b(), &req).unwrap();
+        let t = p.target.as_ref().unwrap();
+        assert_eq!(t.kv_cache_bytes_needed, 8 * 32_768 * 131_072);
+        assert!(!t.fits);
+        assert!(!p.fits);
+        let fewer = p
+            .options
+            .iter()
+            .find(|o| o.option == "fewer_sequences")
+            .unwrap();
+        assert!(fewer.concurrency < 8);
+        assert!(p.options.iter().any(|o| o.option == "tensor_parallel_2"));
+    }
+
+    #[test]
+    fn audio_minutes_size_the_context() {
+        let mut spec = ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18944, 28, 28, 4, 152_064);
+        spec.audio_tokenizer = Some(AudioTokenizer {
+            sample_rate_hz: 24_000,
+            samples_per_token: 3200,
+        });
+        let mut req = PlanRequest::new(80 * GIB);
+        req.audio_minutes = Some(60.0);
+        let p = plan(&spec, &req).unwrap();
+        let a = p.audio.unwrap();
+        assert_eq!(a.tokens_per_minute, 450.0);
+        assert_eq!(a.audio_tokens, Some(27_000));
+        assert_eq!(p.max_model_len, a.max_model_len_needed.unwrap());
+        assert!(p.max_model_len > 27_000);
+        req.audio_minutes = None;
+        req.max_model_len = Some(45_000);
+        let p = plan(&spec, &req).unwrap();
+        assert_eq!(p.audio.unwrap().minutes_per_sequence, 100.0);
+    }
+
+    #[test]
+    fn bad_settings_are_errors_not_plans() {
+        let spec = llama_8b();
+        let mut req = PlanRequest::new(24 * GIB);
+        req.gpu_memory_utilization = Some(1.5);
+        assert_eq!(plan(&spec, &req), Err(PlanError::Utilization(1.5)));
+        let mut req = PlanRequest::new(24 * GIB);
+        req.audio_minutes = Some(5.0);
+        assert!(matches!(
+            plan(&spec, &req),
+            Err(PlanError::NotAnAudioModel(_))
+        ));
+        let mut req = PlanRequest::new(24 * GIB);
+        req.max_num_seqs = Some(0);
+        assert_eq!(plan(&spec, &req), Err(PlanError::Zero("max-num-seqs")));
+    }
+}
