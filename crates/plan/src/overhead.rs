@@ -23,7 +23,8 @@ pub fn activation_peak_bytes(
     let b = spec.dtype.bytes();
     let t = max_num_batched_tokens;
     let h = spec.hidden_size;
-    let dense_per_token = (3 * spec.intermediate_size / tp + 2 * h) * b;
+    let mats = if spec.gated_mlp { 3 } else { 2 };
+    let dense_per_token = (mats * spec.intermediate_size / tp + 2 * h) * b;
     let per_token = match spec.moe {
         Some(moe) => {
             let routed =

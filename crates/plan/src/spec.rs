@@ -222,6 +222,8 @@ pub struct ModelSpec {
     pub dtype: Dtype,
     pub hidden_size: u64,
     pub intermediate_size: u64,
+    /// Gated MLP (gate, up and down: three matrices) or plain (up and down: two).
+    pub gated_mlp: bool,
     pub num_layers: u64,
     pub num_attention_heads: u64,
     pub num_kv_heads: u64,
@@ -272,6 +274,7 @@ impl ModelSpec {
             dtype: Dtype::Bf16,
             hidden_size: hidden,
             intermediate_size: intermediate,
+            gated_mlp: true,
             num_layers: layers,
             num_attention_heads: heads,
             num_kv_heads: kv_heads,

@@ -76,7 +76,10 @@ pub fn param_counts(spec: &ModelSpec) -> ParamCounts {
             let experts = moe_layers * moe.num_experts * mats * h * moe.expert_intermediate_size;
             (dense, experts, moe_layers * h * moe.num_experts)
         }
-        None => (layers * 3 * h * spec.intermediate_size, 0, 0),
+        None => {
+            let mats = if spec.gated_mlp { 3 } else { 2 };
+            (layers * mats * h * spec.intermediate_size, 0, 0)
+        }
     };
 
     // Two norms per layer and the final norm.
