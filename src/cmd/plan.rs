@@ -1,14 +1,407 @@
-//! `headroom plan`: flags → validated plan request → `headroom-plan` → table, JSON or shell output.
+//! `headroom plan`: raw flags → a validated [`PlanRequest`] and model spec → `headroom-plan` →
+//! a table, JSON, or a shell line. Exit 3 when the plan does not fit.
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use headroom_inspect::catalog::{find_gpu, find_profile, reserve_profiles};
+use headroom_inspect::resolve::{Env, resolve_model};
+use headroom_plan::units::{gib, parse_size, thousands};
+use headroom_plan::{
+    Dtype, KvCacheDtype, Plan, PlanRequest, QuantScheme, Reservation, plan as make_plan,
+};
+
+use super::EXIT_DOES_NOT_FIT;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Shell,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
-    /// Hugging Face id, local directory or file, or a catalog name.
+    /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
     #[arg(long)]
     pub model: String,
+    /// GPU name (RTX 4090, H100, ...) or its memory (24GiB, 23.58GiB, 24GB, 24576MiB, bytes).
+    #[arg(long)]
+    pub gpu: String,
+    /// vLLM's budget as a fraction of total memory; default: the largest that fits beside the co-tenants.
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// A fixed KV-cache size (vLLM --kv-cache-memory), e.g. 4GiB.
+    #[arg(long)]
+    pub kv_cache_memory: Option<String>,
+    /// Longest sequence (prompt + output) in tokens; accepts 16k / 128K.
+    #[arg(long)]
+    pub max_model_len: Option<String>,
+    #[arg(long)]
+    pub max_num_seqs: Option<u64>,
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<String>,
+    /// auto (the model dtype) or fp8 (fp8_e4m3, fp8_e5m2).
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
+    /// auto (the checkpoint's), bfloat16, float16 or float32.
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// none, awq, gptq, bnb-4bit, bnb-8bit, fp8, mxfp4, nvfp4; default: what the checkpoint declares.
+    #[arg(long)]
+    pub quantization: Option<String>,
+    #[arg(long, visible_alias = "tp", default_value_t = 1)]
+    pub tensor_parallel_size: u64,
+    /// Memory for another tenant: NAME=SIZE, or a catalog profile (whisper-large-v3). Repeatable.
+    #[arg(long)]
+    pub reserve: Vec<String>,
+    /// Memory other processes already hold on the card.
+    #[arg(long)]
+    pub other_used: Option<String>,
+    /// Memory kept free on top of everything else (allocator slack, driver growth).
+    #[arg(long, default_value = "256MiB")]
+    pub safety_margin: String,
+    /// Size --max-model-len for this many minutes of audio (VibeVoice-ASR).
+    #[arg(long)]
+    pub audio_minutes: Option<f64>,
+    /// Sequences of --max-model-len that must run at once: prints the memory needed.
+    #[arg(long)]
+    pub target_concurrency: Option<u64>,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u64,
+    /// Plan without CUDA graphs (vLLM --enforce-eager).
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Charge sliding-window layers at full length (vLLM --disable-hybrid-kv-cache-manager).
+    #[arg(long)]
+    pub disable_hybrid_kv_cache_manager: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
 }
 
-pub fn run(_args: PlanArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("plan is being built")
+/// Token counts: `16384`, `16k`, `128K`.
+fn parse_tokens(flag: &str, text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let (digits, mult) = match t.strip_suffix(['k', 'K']) {
+        Some(d) => (d, 1024),
+        None => (t, 1),
+    };
+    let n: u64 = digits.parse().ok().filter(|n| *n > 0).with_context(|| {
+        format!("invalid --{flag} '{text}': expected a positive token count such as 16384 or 16k")
+    })?;
+    Ok(n * mult)
+}
+
+fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
+    if let Some((name, size)) = text.split_once('=') {
+        let name = name.trim();
+        if name.is_empty() {
+            bail!("invalid --reserve '{text}': expected NAME=SIZE or a profile name");
+        }
+        let bytes = parse_size(size).with_context(|| format!("invalid --reserve '{text}'"))?;
+        return Ok(Reservation {
+            name: name.to_string(),
+            bytes,
+            why: "given on the command line".to_string(),
+        });
+    }
+    match find_profile(text) {
+        Some(p) => Ok(Reservation {
+            name: p.name.clone(),
+            bytes: p.bytes,
+            why: format!("{}: {}", p.stack, p.why),
+        }),
+        None => {
+            let names: Vec<&str> = reserve_profiles().iter().map(|p| p.name.as_str()).collect();
+            bail!(
+                "unknown --reserve profile '{text}': use NAME=SIZE or one of {}",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// Turns raw flags into a request; every malformed value is an error naming its flag.
+fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
+    let (gpu_name, total) = match parse_size(&args.gpu) {
+        Ok(bytes) => (None, bytes),
+        Err(_) => match find_gpu(&args.gpu) {
+            Some(g) => (Some(g.name.clone()), g.cuda_visible_bytes()),
+            None => bail!(
+                "unknown --gpu '{}': give a size such as 24GiB or one of {}",
+                args.gpu,
+                headroom_inspect::catalog::gpus()
+                    .iter()
+                    .map(|g| g
+                        .name
+                        .trim_start_matches("NVIDIA ")
+                        .trim_start_matches("GeForce "))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    };
+    let mut req = PlanRequest::new(total);
+    req.gpu_name = gpu_name;
+    req.gpu_memory_utilization = args.gpu_memory_utilization;
+    req.kv_cache_memory = args
+        .kv_cache_memory
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .context("invalid --kv-cache-memory")?;
+    req.max_model_len = args
+        .max_model_len
+        .as_deref()
+        .map(|t| parse_tokens("max-model-len", t))
+        .transpose()?;
+    req.max_num_seqs = args.max_num_seqs;
+    req.max_num_batched_tokens = args
+        .max_num_batched_tokens
+        .as_deref()
+        .map(|t| parse_tokens("max-num-batched-tokens", t))
+        .transpose()?;
+    req.kv_cache_dtype = KvCacheDtype::parse(&args.kv_cache_dtype).with_context(|| {
+        format!(
+            "invalid --kv-cache-dtype '{}': use auto, fp8, fp8_e4m3 or fp8_e5m2",
+            args.kv_cache_dtype
+        )
+    })?;
+    req.dtype = match args.dtype.trim().to_ascii_lowercase().as_str() {
+        "auto" => None,
+        other => Some(
+            Dtype::parse(other)
+                .filter(|d| *d != Dtype::Fp8)
+                .with_context(|| {
+                    format!(
+                        "invalid --dtype '{}': use auto, bfloat16, float16 or float32",
+                        args.dtype
+                    )
+                })?,
+        ),
+    };
+    req.quantization = args
+        .quantization
+        .as_deref()
+        .map(|q| {
+            QuantScheme::parse(q).with_context(|| {
+                format!("invalid --quantization '{q}': use none, awq, gptq, bnb-4bit, bnb-8bit, fp8, mxfp4 or nvfp4")
+            })
+        })
+        .transpose()?;
+    req.tensor_parallel_size = args.tensor_parallel_size;
+    req.block_size = args.block_size;
+    req.enforce_eager = args.enforce_eager;
+    req.hybrid_kv_manager = !args.disable_hybrid_kv_cache_manager;
+    req.reservations = args
+        .reserve
+        .iter()
+        .map(|r| parse_reserve(r))
+        .collect::<anyhow::Result<_>>()?;
+    req.other_used_bytes = args
+        .other_used
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .context("invalid --other-used")?
+        .unwrap_or(0);
+    req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
+    req.audio_minutes = args.audio_minutes;
+    req.target_concurrency = args.target_concurrency;
+    Ok(req)
+}
+
+pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let req = request(&args)?;
+    let resolved = resolve_model(&args.model, &Env::from_process())?;
+    let plan = make_plan(&resolved.spec, &req)?;
+    match args.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+        Format::Shell => println!("{}", command_line(&plan)),
+        Format::Table => print!("{}", render_table(&plan)),
+    }
+    if plan.fits {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        if args.format != Format::Table {
+            eprintln!(
+                "headroom: does not fit: {:.2} GiB short",
+                gib(plan.shortfall_bytes)
+            );
+        }
+        Ok(ExitCode::from(EXIT_DOES_NOT_FIT))
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@+,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// `vllm serve MODEL FLAGS...`, quoted for a POSIX shell.
+pub fn command_line(plan: &Plan) -> String {
+    let mut parts = vec![
+        "vllm".to_string(),
+        "serve".to_string(),
+        shell_quote(&plan.model),
+    ];
+    parts.extend(plan.vllm_args.iter().map(|a| shell_quote(a)));
+    parts.join(" ")
+}
+
+fn share(bytes: u64, total: u64) -> String {
+    format!("{:.1}%", bytes as f64 * 100.0 / total as f64)
+}
+
+/// The human-readable report.
+pub fn render_table(plan: &Plan) -> String {
+    let total = plan.gpu_total_bytes;
+    let mut out = String::new();
+    let gpu = match &plan.gpu_name {
+        Some(name) => format!("{name} ({:.2} GiB visible to CUDA)", gib(total)),
+        None => format!("{:.2} GiB GPU", gib(total)),
+    };
+    let _ = writeln!(out, "headroom plan: {} on {gpu}", plan.model);
+    let _ = writeln!(out, "model: {}", plan.model_source);
+    let _ = writeln!(
+        out,
+        "vLLM budget: {:.2} × {:.2} GiB = {:.2} GiB ({}), KV {} B/token ({} KV cache){}",
+        plan.gpu_memory_utilization,
+        gib(total),
+        gib(plan.requested_bytes),
+        plan.utilization_source.replace('_', " "),
+        thousands(plan.kv_bytes_per_token),
+        plan.kv_cache_dtype,
+        if plan.tensor_parallel_size > 1 {
+            format!(", per rank of {}", plan.tensor_parallel_size)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "{:<28} {:>8} {:>7}  why", "component", "GiB", "card");
+    for c in &plan.components {
+        let _ = writeln!(
+            out,
+            "{:<28} {:>8.2} {:>7}  {}",
+            c.name,
+            gib(c.bytes),
+            share(c.bytes, total),
+            c.why
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{:<28} {:>8.2} {:>7}  vLLM's footprint + co-tenants",
+        "device peak",
+        gib(plan.device_peak_bytes + plan.safety_margin_bytes),
+        share(plan.device_peak_bytes + plan.safety_margin_bytes, total)
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "KV cache: {} tokens in {} blocks of {}; maximum concurrency for {} tokens per request: {:.2}x",
+        thousands(plan.kv_cache_tokens),
+        thousands(plan.num_blocks),
+        plan.block_size,
+        thousands(plan.max_model_len),
+        plan.max_concurrency
+    );
+    let _ = writeln!(
+        out,
+        "largest safe --gpu-memory-utilization {:.2}; equivalent --kv-cache-memory {} ({:.2} GiB)",
+        plan.largest_safe_gpu_memory_utilization,
+        plan.kv_cache_memory_bytes,
+        gib(plan.kv_cache_memory_bytes)
+    );
+    if let Some(a) = &plan.audio {
+        let _ = writeln!(
+            out,
+            "audio: {:.1} tokens/s ({:.0}/min); {} tokens hold {:.1} min of audio per sequence",
+            a.tokens_per_second,
+            a.tokens_per_minute,
+            thousands(plan.max_model_len),
+            a.minutes_per_sequence
+        );
+        if let (Some(m), Some(t), Some(al), Some(n)) = (
+            a.requested_minutes,
+            a.audio_tokens,
+            a.transcript_tokens_allowance,
+            a.max_model_len_needed,
+        ) {
+            let _ = writeln!(
+                out,
+                "audio: {m} min = {} audio tokens + {} transcript tokens (estimate) + prompt → --max-model-len {}",
+                thousands(t),
+                thousands(al),
+                n
+            );
+        }
+    }
+    if let Some(t) = &plan.target {
+        let _ = writeln!(
+            out,
+            "target: {} sequences of {} tokens need {:.2} GiB of KV and {:.2} GiB of the card: {}",
+            t.concurrency,
+            thousands(t.max_model_len),
+            gib(t.kv_cache_bytes_needed),
+            gib(t.memory_needed_bytes),
+            if t.fits { "fits" } else { "does not fit" }
+        );
+    }
+    let _ = writeln!(out);
+    match &plan.failure {
+        None if plan.fits => {
+            let _ = writeln!(out, "verdict: fits");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "verdict: DOES NOT FIT the target, {:.2} GiB short",
+                gib(plan.shortfall_bytes)
+            );
+        }
+        Some(f) => {
+            let _ = writeln!(
+                out,
+                "verdict: DOES NOT FIT, {:.2} GiB short. vLLM would say:\n  {}",
+                gib(plan.shortfall_bytes),
+                f.message()
+            );
+        }
+    }
+    if !plan.options.is_empty() {
+        let _ = writeln!(out, "options:");
+        for o in &plan.options {
+            let _ = writeln!(
+                out,
+                "  {:<20} {:<44} needs {:>7.2} GiB, {} × {} tokens{}  [{}]",
+                o.option,
+                o.description,
+                gib(o.memory_needed_bytes),
+                o.concurrency,
+                thousands(o.max_model_len),
+                if o.fits { ", fits" } else { ", does not fit" },
+                o.vllm_args.join(" ")
+            );
+        }
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "{}", command_line(plan));
+    let _ = writeln!(
+        out,
+        "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}",
+        plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
+    );
+    for w in &plan.warnings {
+        let _ = writeln!(out, "note: {w}");
+    }
+    out
 }

@@ -10,6 +10,9 @@ pub mod units;
 pub mod vllm;
 pub mod weights;
 
+#[cfg(test)]
+mod properties;
+
 pub use kv::{KvCacheDtype, KvLayout, KvSettings};
 pub use spec::*;
 pub use vllm::{Failure, Plan, PlanError, PlanRequest, Reservation, plan};
