@@ -47,12 +47,15 @@ pub fn report_clap_error(err: clap::Error) -> ExitCode {
         }
         _ => {
             let rendered = err.render().to_string();
+            // The message is the first paragraph; usage and tips follow a blank line.
             let first = rendered
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments")
-                .trim()
-                .trim_start_matches("error: ");
+                .map(str::trim)
+                .skip_while(|l| l.is_empty())
+                .take_while(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            let first = first.trim_start_matches("error: ");
             eprintln!("headroom: {first} (see --help)");
             ExitCode::from(EXIT_BAD_INPUT)
         }
