@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use headroom_inspect::catalog::{find_gpu, find_profile, reserve_profiles};
 use headroom_inspect::resolve::{Env, resolve_model};
-use headroom_plan::units::{gib, parse_size, thousands};
+use headroom_plan::units::{GIB, gib, parse_size, thousands};
 use headroom_plan::{
     Dtype, KvCacheDtype, Plan, PlanRequest, QuantScheme, Reservation, plan as make_plan,
 };
@@ -124,11 +124,17 @@ fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
 
 /// Turns raw flags into a request; every malformed value is an error naming its flag.
 fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
-    let (gpu_name, total) = match parse_size(&args.gpu) {
-        Ok(bytes) => (None, bytes),
-        Err(_) => match find_gpu(&args.gpu) {
-            Some(g) => (Some(g.name.clone()), g.cuda_visible_bytes()),
-            None => bail!(
+    // Names first: "3090" is a card, not 3,090 bytes.
+    let (gpu_name, total) = match find_gpu(&args.gpu) {
+        Some(g) => (Some(g.name.clone()), g.cuda_visible_bytes()),
+        None => match parse_size(&args.gpu) {
+            Ok(bytes) if bytes >= GIB => (None, bytes),
+            Ok(_) => bail!(
+                "invalid --gpu '{}': a GPU smaller than 1 GiB (did you mean a size such as {}GiB?)",
+                args.gpu,
+                args.gpu.trim()
+            ),
+            Err(_) => bail!(
                 "unknown --gpu '{}': give a size such as 24GiB or one of {}",
                 args.gpu,
                 headroom_inspect::catalog::gpus()
@@ -269,7 +275,19 @@ pub fn render_table(plan: &Plan) -> String {
         None => format!("{:.2} GiB GPU", gib(total)),
     };
     let _ = writeln!(out, "headroom plan: {} on {gpu}", plan.model);
-    let _ = writeln!(out, "model: {}", plan.model_source);
+    // Catalog sources carry long provenance notes; the JSON output keeps them whole.
+    let source = plan
+        .model_source
+        .split(" (")
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" (");
+    let source = if source.len() < plan.model_source.len() {
+        format!("{source}…)")
+    } else {
+        source
+    };
+    let _ = writeln!(out, "model: {source}");
     let _ = writeln!(
         out,
         "vLLM budget: {:.2} × {:.2} GiB = {:.2} GiB ({}), KV {} B/token ({} KV cache){}",

@@ -216,6 +216,30 @@ fn awq_beside_whisper_leaves_the_reservation_free() {
 }
 
 #[test]
+fn a_bare_model_number_is_a_gpu_name_not_bytes() {
+    let (named, _) = plan_json(&[
+        "--model",
+        "Qwen/Qwen3-8B",
+        "--gpu",
+        "3090",
+        "--max-model-len",
+        "8192",
+    ]);
+    let (rtx, _) = plan_json(&[
+        "--model",
+        "Qwen/Qwen3-8B",
+        "--gpu",
+        "RTX 3090",
+        "--max-model-len",
+        "8192",
+    ]);
+    assert_eq!(named["gpu_total_bytes"], rtx["gpu_total_bytes"]);
+    // vLLM sees 23.58 GiB of a 24,576 MiB RTX 3090.
+    let gib = u(&named, "gpu_total_bytes") as f64 / GIB as f64;
+    assert!((gib - 23.58).abs() < 0.02, "{gib}");
+}
+
+#[test]
 fn shell_format_prints_one_command() {
     let out = headroom(&[
         "plan",
@@ -342,6 +366,7 @@ fn bad_input_is_one_line_and_exit_2() {
         v
     };
     one_line_exit_2(&with(&["--gpu", "24XB"]), "unknown --gpu '24XB'");
+    one_line_exit_2(&with(&["--gpu", "24"]), "smaller than 1 GiB");
     one_line_exit_2(
         &with(&["--gpu", "24GiB", "--kv-cache-memory", "lots"]),
         "invalid size 'lots'",

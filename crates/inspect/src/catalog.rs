@@ -16,8 +16,9 @@ const GPUS_JSON: &str = include_str!("../data/gpus.json");
 const RESERVE_JSON: &str = include_str!("../data/reserve.json");
 
 /// The driver keeps part of the card to itself; CUDA (and so vLLM) sees the rest. Used when a
-/// catalog entry has no measured CUDA total (seen: 0.35 GiB on an RTX 4090, 0.43 GiB on an H100).
-pub const DRIVER_RESERVED_BYTES: u64 = 384 * MIB;
+/// catalog entry has no measured CUDA total. vLLM logs `total_gpu_memory` 23.58 GiB on 24,564 MiB
+/// RTX 4090s and 24,576 MiB RTX 3090s, and 79.22 GiB on 81,559 MiB H100s: 0.41–0.43 GiB less.
+pub const DRIVER_RESERVED_BYTES: u64 = 420 * MIB;
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct CatalogModel {
