@@ -1,23 +1,28 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
 pub mod plan;
+pub mod top;
 
 use std::process::ExitCode;
 
 /// Bad input or an unusable environment.
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// A plan that does not fit the card.
+#[allow(dead_code)] // returned by `plan` once it lands
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
     Plan(plan::PlanArgs),
+    /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
+    Top(top::TopArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(args),
+        Command::Top(args) => top::run(args),
     }
 }
 

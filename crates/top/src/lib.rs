@@ -8,5 +8,5 @@ pub mod render;
 pub mod state;
 
 pub use lanes::{Lane, parse_lanes};
-pub use render::{draw, render};
+pub use render::{draw, gpu_rows_needed, render};
 pub use state::{HISTORY_WINDOW_MS, LanesView, SortKey, TopState};
