@@ -58,7 +58,7 @@ pub struct TopArgs {
     /// Append every sample to FILE (sample-file format).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
-    /// Stop after this long; with --record, samples without a screen.
+    /// Stop after this long. With --record, samples into the file without a screen.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
 }
@@ -88,7 +88,6 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(path) = &args.record
         && let Some(duration) = args.duration
-        && !std::io::stdout().is_terminal()
     {
         return record_headless(path, args.interval, duration);
     }
