@@ -246,16 +246,25 @@ fn handle_keys(state: &mut TopState, timeout: Duration) -> anyhow::Result<Contro
     Ok(Control::Continue)
 }
 
+/// Live view. Without a driver it still runs when there are gateway lanes to show, with the
+/// reason on the status line; with nothing to show it exits with the reason.
 fn interactive_live(args: &TopArgs, gateway: Option<Gateway>) -> anyhow::Result<ExitCode> {
-    let probe = open_probe()?;
+    let probe = match open_probe() {
+        Ok(probe) => Ok(probe),
+        Err(err) if gateway.is_some() && args.record.is_none() => Err(format!("{err:#}")),
+        Err(err) => return Err(err),
+    };
     let rt = runtime()?;
-    let mut config = SamplerConfig::new(args.interval);
-    if let Some(path) = &args.record {
-        config = config.with_file(path.clone());
-    }
-    let sampler = {
-        let _guard = rt.enter();
-        Sampler::start(probe, config)?
+    let sampler = match probe {
+        Ok(probe) => {
+            let mut config = SamplerConfig::new(args.interval);
+            if let Some(path) = &args.record {
+                config = config.with_file(path.clone());
+            }
+            let _guard = rt.enter();
+            Ok(Sampler::start(probe, config)?)
+        }
+        Err(reason) => Err(reason),
     };
     let lanes = gateway.map(spawn_lanes_fetcher);
     let mut state = TopState::new(format!("nvml every {:?}", args.interval));
@@ -264,14 +273,19 @@ fn interactive_live(args: &TopArgs, gateway: Option<Gateway>) -> anyhow::Result<
     let mut seen_ms = 0u64;
     let outcome = (|| -> anyhow::Result<()> {
         loop {
-            for sample in sampler.since(seen_ms + 1) {
-                seen_ms = seen_ms.max(sample.ts_ms);
-                state.push(&sample);
+            match &sampler {
+                Ok(sampler) => {
+                    for sample in sampler.since(seen_ms + 1) {
+                        seen_ms = seen_ms.max(sample.ts_ms);
+                        state.push(&sample);
+                    }
+                    state.status = sampler
+                        .stats()
+                        .last_probe_error
+                        .map(|e| format!("probe: {e}"));
+                }
+                Err(reason) => state.status = Some(reason.clone()),
             }
-            state.status = sampler
-                .stats()
-                .last_probe_error
-                .map(|e| format!("probe: {e}"));
             if let Some(rx) = &lanes {
                 while let Ok(result) = rx.try_recv() {
                     state.lanes = match result {
@@ -290,9 +304,10 @@ fn interactive_live(args: &TopArgs, gateway: Option<Gateway>) -> anyhow::Result<
         }
     })();
     ratatui::restore();
-    let stopped = rt.block_on(sampler.stop());
+    if let Ok(sampler) = sampler {
+        rt.block_on(sampler.stop())?;
+    }
     outcome?;
-    stopped?;
     Ok(ExitCode::SUCCESS)
 }
 
