@@ -641,8 +641,8 @@ mod tests {
 
     #[test]
     fn warm_up_rounds_are_left_out() {
-        // A leak that only starts after round 3 is missed with warm-up 0 when the first rounds
-        // dominate, so check the plain effect: skipping rounds shortens the series.
+        // With five warm-up rounds left out only five remain, fewer than `min_rounds`: the
+        // verdict says so instead of judging what is left.
         let floors: Vec<f64> = (0..10).map(|i| GIB + 8.0 * MIB * i as f64).collect();
         let config = LeakConfig {
             warmup_rounds: 5,
