@@ -123,6 +123,26 @@ fn main() {
     );
     for interval_ms in [50u64, 20, 10, 5] {
         let interval = Duration::from_millis(interval_ms);
+        // Reference: a bare tokio interval task that does nothing per tick.
+        let cpu_before = process_cpu_ns();
+        let bare_ticks = rt.block_on(async {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs_f64(seconds);
+            let task = tokio::spawn(async move {
+                let mut ticker = tokio::time::interval(interval);
+                let mut ticks = 0u64;
+                while tokio::time::Instant::now() < deadline {
+                    ticker.tick().await;
+                    ticks += 1;
+                }
+                ticks
+            });
+            task.await.unwrap_or(0)
+        });
+        let bare_cpu = match (cpu_before, process_cpu_ns()) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / bare_ticks.max(1) as f64),
+            _ => None,
+        };
+
         let cpu_before = process_cpu_ns();
         let started = Instant::now();
         let run = rt
@@ -133,17 +153,22 @@ fn main() {
             })
             .expect("sampler run");
         let elapsed = started.elapsed().as_secs_f64();
-        let cpu = match (cpu_before, process_cpu_ns()) {
-            (Some(a), Some(b)) => format!(
-                "{:.1} us CPU/tick",
-                b.saturating_sub(a) as f64 / run.stats.ticks.max(1) as f64 / 1000.0
-            ),
+        let cpu = match (cpu_before, process_cpu_ns(), bare_cpu) {
+            (Some(a), Some(b), Some(bare)) => {
+                let per_tick = b.saturating_sub(a) as f64 / run.stats.ticks.max(1) as f64;
+                format!(
+                    "CPU {:.1} us/tick vs {:.1} us/tick for a bare interval task (ratio {:.2})",
+                    per_tick / 1000.0,
+                    bare / 1000.0,
+                    per_tick / bare.max(1.0)
+                )
+            }
             _ => "CPU n/a".into(),
         };
         let requested = 1000.0 / interval_ms as f64;
         let achieved = run.stats.ticks as f64 / elapsed;
         println!(
-            "    every {interval_ms:>2} ms: {:>5} ticks in {elapsed:.2} s = {achieved:>6.1}/s vs {requested:>5.1}/s requested, ratio {:.3}; missed {}, {cpu}",
+            "    every {interval_ms:>2} ms: {:>5} ticks in {elapsed:.2} s = {achieved:>6.1}/s vs {requested:>5.1}/s requested, ratio {:.3}; missed {}; {cpu}",
             run.stats.ticks,
             achieved / requested,
             run.stats.missed_ticks,
