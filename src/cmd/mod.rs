@@ -1,6 +1,7 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
 pub mod plan;
+pub mod top;
 
 use std::process::ExitCode;
 
@@ -12,12 +13,15 @@ pub const EXIT_DOES_NOT_FIT: u8 = 3;
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
-    Plan(plan::PlanArgs),
+    Plan(Box<plan::PlanArgs>),
+    /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
+    Top(top::TopArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Plan(args) => plan::run(args),
+        Command::Plan(args) => plan::run(*args),
+        Command::Top(args) => top::run(args),
     }
 }
 

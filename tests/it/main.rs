@@ -2,3 +2,4 @@
 //! on 127.0.0.1.
 
 mod plan;
+mod top;
