@@ -27,8 +27,10 @@ pub struct PlanArgs {
     #[arg(long)]
     pub model: String,
     /// GPU name (RTX 4090, H100, ...) or its memory (24GiB, 23.58GiB, 24GB, 24576MiB, bytes).
+    /// Without it, GPU 0 of this machine is read through NVML, and memory other processes hold
+    /// there counts as --other-used.
     #[arg(long)]
-    pub gpu: String,
+    pub gpu: Option<String>,
     /// vLLM's budget as a fraction of total memory; default: the largest that fits beside the co-tenants.
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
@@ -122,31 +124,62 @@ fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
     }
 }
 
+/// GPU 0 of this machine, read through NVML.
+fn local_gpu() -> anyhow::Result<headroom_gpu::DeviceSnapshot> {
+    use headroom_gpu::GpuProbe;
+    let probe = headroom_gpu::NvmlProbe::new()
+        .context("no --gpu given and this machine's GPU cannot be read; name one with --gpu")?;
+    let devices = probe
+        .snapshot()
+        .context("no --gpu given and this machine's GPU cannot be read; name one with --gpu")?;
+    devices
+        .into_iter()
+        .next()
+        .context("no --gpu given and NVML lists no GPU; name one with --gpu")
+}
+
+/// `--gpu`: a catalog name first ("3090" is a card, not 3,090 bytes), else a size.
+fn gpu_from_flag(gpu: &str) -> anyhow::Result<(Option<String>, u64)> {
+    if let Some(g) = find_gpu(gpu) {
+        return Ok((Some(g.name.clone()), g.cuda_visible_bytes()));
+    }
+    match parse_size(gpu) {
+        Ok(bytes) if bytes >= GIB => Ok((None, bytes)),
+        Ok(_) => bail!(
+            "invalid --gpu '{gpu}': a GPU smaller than 1 GiB (did you mean a size such as {}GiB?)",
+            gpu.trim()
+        ),
+        Err(_) => bail!(
+            "unknown --gpu '{gpu}': give a size such as 24GiB or one of {}",
+            headroom_inspect::catalog::gpus()
+                .iter()
+                .map(|g| g
+                    .name
+                    .trim_start_matches("NVIDIA ")
+                    .trim_start_matches("GeForce "))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// Turns raw flags into a request; every malformed value is an error naming its flag.
 fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
-    // Names first: "3090" is a card, not 3,090 bytes.
-    let (gpu_name, total) = match find_gpu(&args.gpu) {
-        Some(g) => (Some(g.name.clone()), g.cuda_visible_bytes()),
-        None => match parse_size(&args.gpu) {
-            Ok(bytes) if bytes >= GIB => (None, bytes),
-            Ok(_) => bail!(
-                "invalid --gpu '{}': a GPU smaller than 1 GiB (did you mean a size such as {}GiB?)",
-                args.gpu,
-                args.gpu.trim()
-            ),
-            Err(_) => bail!(
-                "unknown --gpu '{}': give a size such as 24GiB or one of {}",
-                args.gpu,
-                headroom_inspect::catalog::gpus()
-                    .iter()
-                    .map(|g| g
-                        .name
-                        .trim_start_matches("NVIDIA ")
-                        .trim_start_matches("GeForce "))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        },
+    let mut live_other_used = None;
+    let (gpu_name, total) = match args.gpu.as_deref() {
+        Some(gpu) => gpu_from_flag(gpu)?,
+        None => {
+            let device = local_gpu()?;
+            live_other_used = Some(device.used_without_reserved());
+            let visible = if device.reserved_bytes > 0 {
+                device.total_bytes - device.reserved_bytes.min(device.total_bytes)
+            } else {
+                device
+                    .total_bytes
+                    .saturating_sub(headroom_inspect::catalog::DRIVER_RESERVED_BYTES)
+            };
+            (Some(device.name), visible)
+        }
     };
     let mut req = PlanRequest::new(total);
     req.gpu_name = gpu_name;
@@ -211,6 +244,7 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
         .map(parse_size)
         .transpose()
         .context("invalid --other-used")?
+        .or(live_other_used)
         .unwrap_or(0);
     req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
     req.audio_minutes = args.audio_minutes;

@@ -412,6 +412,10 @@ fn bad_input_is_one_line_and_exit_2() {
         "--no-such-flag",
     );
     one_line_exit_2(&["plan", "--gpu", "24GiB"], "--model");
+    // No --gpu on a machine without a driver: the loader's reason, on one line.
+    if !std::path::Path::new("/proc/driver/nvidia").exists() {
+        one_line_exit_2(&["plan", "--model", "Qwen/Qwen3-8B"], "name one with --gpu");
+    }
 }
 
 #[test]
