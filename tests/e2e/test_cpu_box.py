@@ -1,0 +1,173 @@
+"""End to end through `headroom serve` in front of real CPU backends.
+
+Needs `scripts/backends.sh install start` first (llama.cpp on HEADROOM_LLAMA_URL, faster-whisper-server
+on HEADROOM_WHISPER_URL). Starts the gateway itself from examples/cpu-box.toml with those upstreams,
+then drives it with the official `openai` client and raw HTTP. Run by .ci/run:
+
+    python3 -m pytest -q tests/e2e
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import openai
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FOX = ROOT / "tests" / "data" / "audio" / "fox.wav"
+LLAMA = os.environ.get("HEADROOM_LLAMA_URL", "http://127.0.0.1:18080")
+WHISPER = os.environ.get("HEADROOM_WHISPER_URL", "http://127.0.0.1:18081")
+BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gateway_config(port: int) -> str:
+    """examples/cpu-box.toml with this run's ports."""
+    text = (ROOT / "examples" / "cpu-box.toml").read_text()
+    text = re.sub(r'^listen = ".*"$', f'listen = "127.0.0.1:{port}"', text, flags=re.M)
+    text = text.replace("http://127.0.0.1:18080", LLAMA).replace("http://127.0.0.1:18081", WHISPER)
+    return text
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    for url in (LLAMA, WHISPER):
+        try:
+            httpx.get(f"{url}/health", timeout=10).raise_for_status()
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"backend {url} is not up ({e}); run scripts/backends.sh install start")
+    port = free_port()
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(gateway_config(port))
+    cfg.close()
+    proc = subprocess.Popen([BIN, "serve", "--config", cfg.name], stdout=sys.stderr, stderr=sys.stderr)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail("headroom serve did not come up")
+        time.sleep(0.1)
+    yield base
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    os.unlink(cfg.name)
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused-on-loopback", max_retries=0, timeout=120)
+
+
+def test_openai_client_streams_a_chat_completion(gateway):
+    stream = client(gateway).chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks, text, finish, usage = 0, "", None, None
+    for chunk in stream:
+        chunks += 1
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            text += delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    assert chunks >= 3
+    assert text.strip()
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens > 0 and usage.prompt_tokens > 0
+
+
+def test_the_raw_stream_ends_with_done(gateway):
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Say yes."}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert all(json.loads(e[6:])["object"] == "chat.completion.chunk" for e in events[:-1])
+
+
+def test_openai_client_transcribes_speech(gateway):
+    with open(FOX, "rb") as f:
+        result = client(gateway).audio.transcriptions.create(model="whisper-1", file=f)
+    assert "lazy dog" in result.text.lower()
+
+
+def slots_busy() -> int:
+    slots = httpx.get(f"{LLAMA}/slots", timeout=5).json()
+    return sum(1 for s in slots if s.get("is_processing"))
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_llama_slot(gateway):
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        "max_tokens": 2000,
+        "stream": True,
+    }
+    with httpx.Client(timeout=120) as c:
+        with c.stream("POST", f"{gateway}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            seen = 0
+            for line in r.iter_lines():
+                if '"content":"' in line:
+                    seen += 1
+                if seen >= 3:
+                    break
+            assert slots_busy() >= 1, "the generation should be running in llama.cpp"
+        # Leaving the block closes the connection mid-stream.
+    left = time.monotonic()
+    while slots_busy() > 0:
+        assert time.monotonic() - left < 1.0, "llama.cpp slot still busy 1 s after the client left"
+        time.sleep(0.02)
+
+
+def test_speech_server_errors_arrive_in_openai_shape(gateway):
+    with open(FOX, "rb") as f:
+        r = httpx.post(
+            f"{gateway}/v1/audio/transcriptions",
+            files={"file": ("fox.wav", f, "audio/wav")},
+            data={"model": "whisper-1", "response_format": "srt"},
+            timeout=60,
+        )
+    # faster-whisper-server answers {"detail":{"error":{...}}}; the client must see OpenAI's shape.
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert "srt" in err["message"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    with open(FOX, "rb") as f:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client(gateway).audio.transcriptions.create(model="whisper-1", file=f, response_format="srt")
+    assert "srt" in str(caught.value)
