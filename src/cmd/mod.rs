@@ -1,5 +1,6 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
+pub mod doctor;
 pub mod plan;
 
 use std::process::ExitCode;
@@ -7,17 +8,21 @@ use std::process::ExitCode;
 /// Bad input or an unusable environment.
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// A plan that does not fit the card.
+#[allow(dead_code)] // used by `plan` once it lands; keeps this branch clippy-clean
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
     Plan(plan::PlanArgs),
+    /// Read an engine log, name the memory limit that was crossed and compute the fix.
+    Doctor(doctor::DoctorArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 
