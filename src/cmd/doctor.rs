@@ -131,7 +131,7 @@ fn breakdown(r: &StartupReport) -> String {
     let mut s = String::from("\nvLLM memory breakdown found in the log (per GPU):\n");
     let mut row = |label: &str, value: Option<String>| {
         if let Some(v) = value {
-            s.push_str(&format!("  {label:<28}{v}\n"));
+            s.push_str(&format!("  {label:<30}{v}\n"));
         }
     };
     let g = |v: Option<f64>| v.map(|v| format!("{v:.2} GiB"));
@@ -156,6 +156,14 @@ fn breakdown(r: &StartupReport) -> String {
     );
     row("outside the budget", g(r.outside_budget_gib));
     row(
+        "KV bytes per token (derived)",
+        r.kv_bytes_per_token.map(|v| format!("{v:.0}")),
+    );
+    row(
+        "concurrency (recomputed)",
+        r.concurrency_check.map(|c| format!("{c:.2}x")),
+    );
+    row(
         "tensor parallel",
         r.tensor_parallel_size.map(|t| t.to_string()),
     );
@@ -163,6 +171,15 @@ fn breakdown(r: &StartupReport) -> String {
         "pipeline parallel",
         r.pipeline_parallel_size.map(|t| t.to_string()),
     );
+    if let (Some(reported), Some(check)) = (b.max_concurrency, r.concurrency_check)
+        && (reported - check).abs() > 0.05 * reported.max(0.01)
+    {
+        s.push_str(&format!(
+            "  note: vLLM reported {reported:.2}x but full-attention arithmetic gives {check:.2}x: \
+             the model has hybrid, sliding-window or MLA layers, or a block size other than {}\n",
+            r.block_size.unwrap_or(16)
+        ));
+    }
     let lines: Vec<String> = r.evidence_lines.iter().map(u64::to_string).collect();
     s.push_str(&format!("  evidence: line {}\n", lines.join(", ")));
     s.push_str("  compare with `headroom plan` for the same model, utilization, max_model_len and TP to see the predicted figures\n");

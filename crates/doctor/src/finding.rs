@@ -118,6 +118,11 @@ pub struct StartupReport {
     /// Memory left outside the utilization budget (`total − budget`), where graphs and other
     /// tenants must fit in versions that do not count graphs.
     pub outside_budget_gib: Option<f64>,
+    /// KV bytes per token implied by the pool size and token count (compare with the model's
+    /// `2 × layers × kv_heads × head_dim × dtype` to check which layers vLLM charged).
+    pub kv_bytes_per_token: Option<f64>,
+    /// Concurrency recomputed from the pool and max_model_len, to cross-check vLLM's figure.
+    pub concurrency_check: Option<f64>,
     pub evidence_lines: Vec<u64>,
 }
 

@@ -302,10 +302,7 @@ fn torch_findings(
         )));
     }
 
-    if let Some(held) = acc
-        .held_elsewhere
-        .filter(|h| *h >= 0.5)
-    {
+    if let Some(held) = acc.held_elsewhere.filter(|h| *h >= 0.5) {
         let share = if total > 0.0 {
             (held / (0.25 * total)).min(1.0)
         } else {

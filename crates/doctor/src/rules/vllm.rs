@@ -329,11 +329,17 @@ pub fn finish_startup(facts: &mut Facts) {
     if let (Some(t), Some(budget)) = (b.total_gib, b.budget_gib) {
         s.outside_budget_gib = Some((t - budget).max(0.0));
     }
+    let block = facts.block_size.unwrap_or(advice::DEFAULT_BLOCK_SIZE);
     if b.kv_tokens.is_none()
         && let Some(blocks) = b.gpu_blocks
     {
-        b.kv_tokens =
-            Some(blocks.saturating_mul(facts.block_size.unwrap_or(advice::DEFAULT_BLOCK_SIZE)));
+        b.kv_tokens = Some(blocks.saturating_mul(block));
+    }
+    if let (Some(kv), Some(tokens)) = (b.kv_cache_gib, b.kv_tokens.filter(|t| *t > 0)) {
+        s.kv_bytes_per_token = Some(kv * advice::GIB / tokens as f64);
+    }
+    if let (Some(tokens), Some(len)) = (b.kv_tokens, b.max_model_len) {
+        s.concurrency_check = advice::concurrency(tokens / block, len, block);
     }
 }
 

@@ -1,0 +1,228 @@
+//! `headroom doctor` end to end through the built binary: every fixture under tests/data/logs/
+//! against its checked-in expectation (causes in order, key numbers of the first finding, computed
+//! flag values in the fix, vLLM start-up figures), plus stdin, bad input and table output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+}
+
+fn logs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/logs")
+}
+
+fn doctor_json(path: &Path) -> Value {
+    let out = bin()
+        .args(["doctor", "--format", "json"])
+        .arg(path)
+        .output()
+        .expect("run headroom");
+    assert!(
+        out.status.success(),
+        "{}: exit {:?}, stderr {}",
+        path.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 + 1e-9 * b.abs()
+}
+
+/// Checks one fixture; returns the problems found.
+fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
+    let name = log.file_name().unwrap().to_string_lossy().into_owned();
+    let got = doctor_json(log);
+    let mut problems = Vec::new();
+    let findings = got["findings"].as_array().cloned().unwrap_or_default();
+    let causes: Vec<&str> = findings
+        .iter()
+        .filter_map(|f| f["cause"].as_str())
+        .collect();
+    let want: Vec<&str> = expected["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    if causes != want {
+        problems.push(format!("{name}: causes {causes:?}, expected {want:?}"));
+    }
+    for f in &findings {
+        for key in ["cause", "numbers", "fix", "evidence_lines"] {
+            if f.get(key).is_none() {
+                problems.push(format!("{name}: finding lacks `{key}`"));
+            }
+        }
+        if f["evidence_lines"].as_array().is_none_or(|l| l.is_empty()) {
+            problems.push(format!("{name}: a finding has no evidence lines"));
+        }
+    }
+    if want.is_empty() {
+        if got["verdict"] != "no memory problem recognised" {
+            problems.push(format!("{name}: verdict {}", got["verdict"]));
+        }
+    } else if let Some(first) = findings.first() {
+        for (k, v) in expected["numbers"].as_object().unwrap() {
+            let want = v.as_f64().unwrap();
+            match first["numbers"][k].as_f64() {
+                Some(g) if close(g, want) => {}
+                other => problems.push(format!("{name}: numbers.{k} = {other:?}, expected {want}")),
+            }
+        }
+        let fix = first["fix"].as_str().unwrap_or("");
+        for needle in expected["fix_contains"].as_array().unwrap() {
+            let needle = needle.as_str().unwrap();
+            if !fix.contains(needle) {
+                problems.push(format!("{name}: fix lacks {needle:?}: {fix}"));
+            }
+        }
+    }
+    if let Some(startup) = expected.get("startup").and_then(Value::as_object) {
+        for (k, v) in startup {
+            let want = v.as_f64().unwrap();
+            match got["startup"][k].as_f64() {
+                Some(g) if close(g, want) => {}
+                other => problems.push(format!("{name}: startup.{k} = {other:?}, expected {want}")),
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_fixture_matches_its_expected_diagnosis() {
+    let dir = logs_dir();
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    assert!(logs.len() >= 25, "only {} fixtures", logs.len());
+    let sources = std::fs::read_to_string(dir.join("SOURCES.md")).unwrap();
+    let mut problems = Vec::new();
+    for log in &logs {
+        let stem = log.file_stem().unwrap().to_string_lossy().into_owned();
+        if !sources.contains(&format!("| {stem}.log |")) {
+            problems.push(format!("{stem}.log has no row in SOURCES.md"));
+        }
+        let expected_path = dir.join("expected").join(format!("{stem}.json"));
+        let Ok(text) = std::fs::read_to_string(&expected_path) else {
+            problems.push(format!("{stem}.log has no expected/{stem}.json"));
+            continue;
+        };
+        let expected: Value = serde_json::from_str(&text).unwrap();
+        problems.extend(check_fixture(log, &expected));
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn reads_standard_input() {
+    let log = std::fs::read(logs_dir().join("vllm-v1-startup-free-below-util.log")).unwrap();
+    let mut child = bin()
+        .args(["doctor", "-", "--format", "json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&log).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["findings"][0]["cause"],
+        "startup_free_memory_below_utilization"
+    );
+    assert_eq!(v["findings"][0]["numbers"]["utilization_that_fits"], 0.89);
+    assert_eq!(v["lines_read"], 1);
+}
+
+#[test]
+fn missing_file_and_directory_are_bad_input() {
+    for arg in [
+        "/nonexistent/headroom-doctor.log",
+        env!("CARGO_MANIFEST_DIR"),
+    ] {
+        let out = bin().args(["doctor", arg]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{arg}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("headroom: "), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    let out = bin()
+        .args(["doctor", "x.log", "--format", "yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn table_prints_breakdown_for_a_successful_start() {
+    let out = bin()
+        .arg("doctor")
+        .arg(logs_dir().join("vllm-v0-profile-20k-ok.log"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("no memory problem recognised"), "{text}");
+    assert!(text.contains("vLLM memory breakdown"), "{text}");
+    let row = |label: &str, value: &str| {
+        text.lines()
+            .any(|l| l.trim_start().starts_with(label) && l.trim_end().ends_with(value))
+    };
+    assert!(row("weights", "14.99 GiB"), "{text}");
+    assert!(row("KV tokens", "31232"), "{text}");
+    assert!(row("max concurrency", "1.56x"), "{text}");
+    assert!(text.contains("headroom plan"), "{text}");
+}
+
+#[test]
+fn table_names_cause_fix_and_evidence() {
+    let out = bin()
+        .arg("doctor")
+        .arg(logs_dir().join("vllm-v1-kv-too-small-tpu.log"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("1. kv_cache_too_small"), "{text}");
+    assert!(text.contains("`--max-model-len 5632`"), "{text}");
+    assert!(text.contains("evidence: line 5"), "{text}");
+}
+
+#[test]
+fn unknown_log_is_not_guessed_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.log");
+    std::fs::write(
+        &path,
+        "INFO starting\nERROR: connection refused to upstream\nINFO done\n",
+    )
+    .unwrap();
+    let v = doctor_json(&path);
+    assert_eq!(v["findings"].as_array().unwrap().len(), 0);
+    assert_eq!(v["verdict"], "no memory problem recognised");
+    assert_eq!(v["lines_read"], 3);
+    assert_eq!(v["unrecognised_lines"][0]["line"], 2);
+    let out = bin().arg("doctor").arg(&path).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("no memory problem recognised"));
+    assert!(text.contains("connection refused"));
+}
