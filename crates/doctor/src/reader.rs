@@ -73,7 +73,11 @@ impl<R: BufRead> LineReader<R> {
             self.buf.pop();
         }
         self.line_no += 1;
-        Ok(Some((self.line_no, String::from_utf8_lossy(&self.buf))))
+        let text = match std::str::from_utf8(&self.buf) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => String::from_utf8_lossy(&self.buf),
+        };
+        Ok(Some((self.line_no, text)))
     }
 
     /// Lines returned so far.

@@ -3,69 +3,30 @@
 //! phase markers (loading, profiling, sampler warm-up, graph capture, request) that say what was
 //! running when memory ran out.
 
+use super::gate;
 use crate::facts::{Facts, Phase};
 use crate::finding::Engine;
 use crate::parse::{int_after, leading_number, number_after};
 
 /// Reads context from `line`; returns the phase marker on this line, if any.
-pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> Option<Phase> {
-    detect_engine(facts, line);
-    if facts.gpu_name.is_none() {
+pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<Phase> {
+    if groups & gate::GPU != 0 && facts.gpu_name.is_none() {
         facts.gpu_name = gpu_name(line);
     }
-    parallelism(facts, line);
-    config(facts, line);
+    if groups & (gate::CONTEXT | gate::RANK) != 0 {
+        parallelism(facts, line);
+    }
+    if groups & gate::CONFIG != 0 {
+        config(facts, line);
+    }
+    if groups & gate::PHASE == 0 {
+        return None;
+    }
     let phase = phase_marker(line);
     if let Some(p) = phase {
         facts.last_phase = Some((p, line_no));
     }
     phase
-}
-
-fn detect_engine(facts: &mut Facts, line: &str) {
-    let mut saw = |e: Engine| facts.saw_engine(e);
-    const VLLM_MARKERS: [&str; 13] = [
-        "vllm",
-        "Vllm",
-        "vLLM",
-        "EngineCore",
-        "LLMEngine",
-        "[core.py:",
-        "core_client.py",
-        "model_runner",
-        "multiproc_executor",
-        "gpu_worker.py",
-        "kv_cache_utils.py",
-        "worker.py:",
-        "[engine.py:",
-    ];
-    if VLLM_MARKERS.iter().any(|m| line.contains(m)) {
-        saw(Engine::Vllm);
-    }
-    if line.contains("text_generation") {
-        saw(Engine::Tgi);
-    }
-    if line.contains("ollama")
-        || line.contains("source=sched.go")
-        || line.contains("source=memory.go")
-    {
-        saw(Engine::Ollama);
-    }
-    if line.contains("ggml_") || line.contains("llama_") || line.contains("load_tensors:") {
-        saw(Engine::LlamaCpp);
-    }
-    if line.contains("CUDA failed with error")
-        || line.contains("ctranslate2")
-        || line.contains("faster_whisper")
-    {
-        saw(Engine::Ctranslate2);
-    }
-    if line.contains("whisper") || line.contains("Whisper") {
-        saw(Engine::Whisper);
-    }
-    if line.contains("torch") {
-        saw(Engine::PyTorch);
-    }
 }
 
 /// The engine whose knobs the fixes name: the most specific one seen.

@@ -11,6 +11,17 @@ use crate::parse::{int_after, number_after};
 /// Lines after the failure that may still name the buffer kind.
 const FOLLOW_WINDOW: u64 = 6;
 
+/// True while lines right after an allocation failure may still name the buffer kind.
+pub fn expects_follow_up(facts: &Facts, line_no: u64) -> bool {
+    facts.ggml_alloc.as_ref().is_some_and(|seen| {
+        seen.value.kind.is_none()
+            && seen
+                .lines
+                .last()
+                .is_some_and(|l| line_no - l <= FOLLOW_WINDOW)
+    })
+}
+
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     if (line.contains("cudaMalloc failed: out of memory") || line.contains("hipMalloc failed"))
         && let Some(mib) = number_after(line, "allocating ")

@@ -5,6 +5,7 @@
 
 mod context;
 mod ct2;
+mod gate;
 mod llamacpp;
 mod not_memory;
 mod ollama;
@@ -15,19 +16,53 @@ mod vllm;
 use crate::facts::{Facts, MAX_UNRECOGNISED};
 use crate::finding::{Cause, Finding};
 
-/// Feeds one line to every rule.
+/// Lines in which engine markers are looked for even when no rule keyword appears.
+const ENGINE_SNIFF_LINES: u64 = 10_000;
+
+/// Feeds one line to the rules its keywords wake.
 pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     facts.lines_read = line_no;
-    let phase_here = context::scan(facts, line_no, line);
+    let hits = gate::scan(line);
+    let g = hits.groups;
+    if g == 0 && line_no > ENGINE_SNIFF_LINES {
+        return;
+    }
+    for (slot, seen) in hits.engines.iter().enumerate() {
+        if *seen {
+            facts.saw_engine(gate::SLOT_ENGINES[slot]);
+        }
+    }
+    if g == 0 {
+        return;
+    }
+    let phase_here = context::scan(facts, line_no, line, g);
     let mut matched = false;
-    matched |= vllm::scan(facts, line_no, line, phase_here);
-    matched |= torch::scan(facts, line_no, line, phase_here);
-    matched |= tgi::scan(facts, line_no, line);
-    matched |= llamacpp::scan(facts, line_no, line);
-    matched |= ollama::scan(facts, line_no, line);
-    matched |= ct2::scan(facts, line_no, line, phase_here);
-    matched |= not_memory::scan(facts, line_no, line);
-    if !matched && facts.unrecognised.len() < MAX_UNRECOGNISED && looks_like_error(line) {
+    if g & (gate::VLLM | gate::ERROR) != 0 {
+        matched |= vllm::scan(facts, line_no, line, phase_here);
+    }
+    if g & gate::TORCH != 0 {
+        matched |= torch::scan(facts, line_no, line, phase_here);
+    }
+    if g & gate::TGI != 0 {
+        matched |= tgi::scan(facts, line_no, line);
+    }
+    if g & gate::LLAMA != 0 || llamacpp::expects_follow_up(facts, line_no) {
+        matched |= llamacpp::scan(facts, line_no, line);
+    }
+    if g & gate::OLLAMA != 0 {
+        matched |= ollama::scan(facts, line_no, line);
+    }
+    if g & gate::CT2 != 0 {
+        matched |= ct2::scan(facts, line_no, line, phase_here);
+    }
+    if g & gate::NOT_MEMORY != 0 {
+        matched |= not_memory::scan(facts, line_no, line);
+    }
+    if !matched
+        && g & gate::ERROR != 0
+        && facts.unrecognised.len() < MAX_UNRECOGNISED
+        && looks_like_error(line)
+    {
         facts
             .unrecognised
             .push((line_no, line.chars().take(300).collect()));
