@@ -27,7 +27,7 @@ fn generate_log() -> Vec<u8> {
     let mut out = Vec::with_capacity(TARGET_BYTES + 4096);
     let mut i: usize = 0;
     while out.len() < TARGET_BYTES {
-        let line = if i % 997 == 0 {
+        let line = if i.is_multiple_of(997) {
             rare[(i / 997) % rare.len()]
         } else {
             routine[i % routine.len()]
