@@ -176,6 +176,8 @@ pub struct Facts {
     pub max_worker_rank: u64,
     pub last_phase: Option<(Phase, u64)>,
     pub vllm_v0: bool,
+    /// V1 engine-core markers seen (EngineCore, gpu_worker.py, gpu_model_runner).
+    pub vllm_v1: bool,
 
     // vLLM
     pub startup_free: Option<Seen<StartupFree>>,

@@ -136,6 +136,8 @@ impl StartupReport {
             || b.gpu_blocks.is_some()
             || b.activation_peak_gib.is_some()
             || b.budget_gib.is_some()
+            || b.cuda_graph_gib.is_some()
+            || self.cuda_graph_estimate_gib.is_some()
     }
 }
 

@@ -118,10 +118,12 @@ pub(crate) fn gib(v: f64) -> String {
 
 /// A size that may be small: MiB below 1 GiB.
 pub(crate) fn size(v: f64) -> String {
-    if v.abs() < 1.0 {
+    if v.abs() >= 1.0 {
+        format!("{v:.2} GiB")
+    } else if v.abs() * 1024.0 >= 1.0 || v == 0.0 {
         format!("{:.0} MiB", v * 1024.0)
     } else {
-        format!("{v:.2} GiB")
+        format!("{:.0} KiB", v * 1024.0 * 1024.0)
     }
 }
 
@@ -162,6 +164,8 @@ mod tests {
         assert_eq!(count(1_000_000), "1,000,000");
         assert_eq!(size(0.5), "512 MiB");
         assert_eq!(size(2.0), "2.00 GiB");
+        assert_eq!(size(448.0 / 1024.0 / 1024.0), "448 KiB");
+        assert_eq!(size(0.0), "0 MiB");
         assert_eq!(gib(19.771), "19.77");
     }
 

@@ -148,9 +148,9 @@ fn accounting(oom: &TorchOom) -> Accounting {
         }
     }
     let others_listed: f64 = others.iter().map(|(_, g)| g).sum();
-    let held_elsewhere = match (oom.total, oom.free) {
-        (Some(t), Some(f)) => {
-            let mine = this_process.or(pytorch_pool).unwrap_or(0.0);
+    let mine_known = this_process.or(pytorch_pool);
+    let held_elsewhere = match (oom.total, oom.free, mine_known) {
+        (Some(t), Some(f), Some(mine)) => {
             let allowance = if this_process.is_some() {
                 0.0
             } else {

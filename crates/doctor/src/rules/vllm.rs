@@ -18,6 +18,13 @@ use crate::parse::{int_after, leading_number, leading_size, number_after, size_a
 const MAX_STARTUP_EVIDENCE: usize = 24;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
+    if !facts.vllm_v1
+        && (line.contains("EngineCore")
+            || line.contains("gpu_worker.py")
+            || line.contains("gpu_model_runner"))
+    {
+        facts.vllm_v1 = true;
+    }
     if line.contains("Free memory on device") {
         return startup_free(facts, line_no, line);
     }
@@ -631,9 +638,9 @@ fn no_cache_blocks_finding(facts: &Facts, out: &mut Vec<Finding>) {
         )),
         _ => fix.push_str(&format!(
             "this log lacks weights/activation/total figures to compute the utilization that fits; {} prints them. \
-             `--gpu-memory-utilization` is a fraction of the whole card, so values below the weights' share leave no KV cache; \
-             older vLLM (V0 before v0.6.5) also charged other processes' memory to this budget",
-            plan_hint(facts)
+             `--gpu-memory-utilization` is a fraction of the whole card, so values below the weights' share leave no KV cache{}",
+            plan_hint(facts),
+            if facts.vllm_v1 { "" } else { "; older vLLM (V0 before v0.6.5) also charged other processes' memory to this budget" }
         )),
     }
     out.push(
@@ -647,11 +654,26 @@ fn no_cache_blocks_finding(facts: &Facts, out: &mut Vec<Finding>) {
             .fix(fix)
             .lines(lines.clone()),
     );
-    out.push(
-        Finding::new(Cause::OtherProcessHoldsMemory, 0.4)
-            .fix("if another process shares the GPU, older vLLM counted its memory against this instance's budget: check `nvidia-smi` before starting")
-            .lines(seen.lines.iter().copied()),
-    );
+    if let Some(estimate) = facts.startup.cuda_graph_estimate_gib {
+        out.push(
+            Finding::new(Cause::CudaGraphCapture, if estimate >= 2.0 { 0.95 } else { 0.5 })
+                .num("cuda_graph_estimate_gib", Some(estimate))
+                .fix(format!(
+                    "this vLLM charges its CUDA-graph estimate ({} GiB) to the KV budget before sizing the pool; with the estimate removed \
+                     (`VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0`) the graphs' real pool must fit outside the budget, so lower \
+                     --gpu-memory-utilization by its size / total, or capture fewer sizes (`--cudagraph-capture-sizes`, `--max-num-seqs`)",
+                    gib(estimate)
+                ))
+                .lines(lines.iter().copied()),
+        );
+    }
+    if !facts.vllm_v1 {
+        out.push(
+            Finding::new(Cause::OtherProcessHoldsMemory, 0.4)
+                .fix("if another process shares the GPU, older vLLM counted its memory against this instance's budget: check `nvidia-smi` before starting")
+                .lines(seen.lines.iter().copied()),
+        );
+    }
 }
 
 fn sampler_finding(facts: &Facts, out: &mut Vec<Finding>) {
