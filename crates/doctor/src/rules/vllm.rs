@@ -758,3 +758,102 @@ fn graph_finding(facts: &Facts, out: &mut Vec<Finding>) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Cause, diagnose_str};
+
+    fn first(text: &str) -> crate::Finding {
+        diagnose_str(text)
+            .findings
+            .into_iter()
+            .next()
+            .expect("a finding")
+    }
+
+    #[test]
+    fn kv_need_with_budget_figures_computes_the_utilization() {
+        // Same wording as vLLM V1; total and utilization come from the profiling lines.
+        let log = "INFO [gpu_worker.py:1] Free memory on device (78.00/79.22 GiB) on startup. Desired GPU memory utilization is (0.90, 71.29 GiB).\n\
+                   ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is needed, which is larger than the available KV cache memory (1.10 GiB). Based on the available memory, the estimated maximum model length is 9008. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.\n";
+        let f = first(log);
+        assert_eq!(f.cause, Cause::KvCacheTooSmall);
+        assert_eq!(f.numbers["max_model_len_that_fits"], 9008.0);
+        assert_eq!(f.numbers["max_model_len_fp8_kv"], 18_016.0);
+        // 0.90 + 2.9 / 79.22 = 0.9366 → 0.94
+        assert_eq!(f.numbers["utilization_that_fits"], 0.94);
+        assert!(
+            f.fix.contains("`--gpu-memory-utilization 0.94`"),
+            "{}",
+            f.fix
+        );
+        assert_eq!(f.evidence_lines, vec![2]);
+    }
+
+    #[test]
+    fn kv_need_that_no_utilization_fixes_says_so() {
+        let log = "the current vLLM instance can use total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.90) = 21.22GiB\n\
+                   ValueError: To serve at least one request with the models's max seq len (131072), (16.00 GiB KV cache is needed, which is larger than the available KV cache memory (0.71 GiB).\n";
+        let f = first(log);
+        assert!(f.fix.contains("no utilization ≤ 1.0 fits"), "{}", f.fix);
+        assert!(!f.numbers.contains_key("estimated_max_model_len"));
+        assert_eq!(f.numbers["max_model_len_that_fits"], 5808.0);
+    }
+
+    #[test]
+    fn fp8_is_not_offered_when_the_cache_already_is_fp8() {
+        let log = "Initializing a V0 LLM engine with config: model='m', kv_cache_dtype=fp8,\n\
+                   ValueError: The model's max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache (23648).\n";
+        let f = first(log);
+        assert!(!f.numbers.contains_key("max_model_len_fp8_kv"));
+        assert!(!f.fix.contains("fp8"), "{}", f.fix);
+    }
+
+    #[test]
+    fn sampler_warmup_with_allocation_sizes_computes_the_sequence_count() {
+        let log = "(VllmWorker rank=0 pid=1) ERROR [multiproc_executor.py:1]   File \"/x/vllm/v1/worker/gpu_model_runner.py\", line 1544, in _dummy_sampler_run\n\
+                   torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.57 GiB of which 512.00 MiB is free. Including non-PyTorch memory, this process has 22.97 GiB memory in use. Of the allocated memory 20.21 GiB is allocated by PyTorch, and 185.98 MiB is reserved by PyTorch but unallocated.\n\
+                   RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.\n";
+        let f = first(log);
+        assert_eq!(f.cause, Cause::TooManySequences);
+        // 256 × 0.5 / 2.0 = 64
+        assert_eq!(f.numbers["max_num_seqs_that_fits"], 64.0);
+        assert!(f.fix.contains("`--max-num-seqs 64`"), "{}", f.fix);
+        assert_eq!(f.evidence_lines, vec![2, 3]);
+    }
+
+    #[test]
+    fn graph_capture_with_known_pool_size_computes_the_utilization() {
+        let log = "the current vLLM instance can use total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.95) = 22.40GiB\n\
+                   Estimated CUDA graph memory: 0.50 GiB total\n\
+                   File \"/x/torch/cuda/graphs.py\", line 84, in capture_end\n\
+                   RuntimeError: CUDA error: out of memory\n";
+        let f = first(log);
+        assert_eq!(f.cause, Cause::CudaGraphCapture);
+        // 0.95 − 0.5 / 23.58 = 0.9288 → 0.92
+        assert_eq!(f.numbers["utilization_that_fits"], 0.92);
+        assert!(
+            f.fix.contains("`--gpu-memory-utilization 0.92`"),
+            "{}",
+            f.fix
+        );
+    }
+
+    #[test]
+    fn zero_blocks_with_weights_over_budget_blames_the_weights() {
+        let log = "INFO Loading model weights took 14.9888 GB\n\
+                   the current vLLM instance can use total_gpu_memory (23.58GiB) x gpu_memory_utilization (0.40) = 9.43GiB\n\
+                   ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.\n";
+        let d = diagnose_str(log);
+        assert_eq!(d.findings[0].cause, Cause::WeightsDoNotFit);
+        // 14.9888 / 23.58 = 0.6357 → 0.64
+        assert!(
+            d.findings[0]
+                .fix
+                .contains("`--gpu-memory-utilization 0.64`"),
+            "{}",
+            d.findings[0].fix
+        );
+        assert_eq!(d.findings[1].cause, Cause::KvCacheTooSmall);
+    }
+}
