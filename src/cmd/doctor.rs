@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use headroom_doctor::{Diagnosis, StartupReport};
+use headroom_plan::advice::{BreakdownDelta, GIB, MemoryBreakdown, compare_breakdowns};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -23,6 +24,10 @@ pub struct DoctorArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+    /// Output of `headroom plan --format json` for the same model and settings; the vLLM
+    /// figures found in the log are compared with it line by line.
+    #[arg(long, value_name = "PLAN_JSON")]
+    pub compare_plan: Option<PathBuf>,
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
@@ -37,9 +42,19 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file))
             .with_context(|| format!("reading {}", args.log.display()))?
     };
+    let comparison = match &args.compare_plan {
+        Some(path) => Some(plan_comparison(&diagnosis, path)?),
+        None => None,
+    };
     let text = match args.format {
-        Format::Json => json(&diagnosis)?,
-        Format::Table => table(&diagnosis, &args.log.display().to_string()),
+        Format::Json => json(&diagnosis, comparison.as_deref())?,
+        Format::Table => {
+            let mut t = table(&diagnosis, &args.log.display().to_string());
+            if let Some(rows) = &comparison {
+                t.push_str(&comparison_table(rows));
+            }
+            t
+        }
     };
     let mut out = io::stdout().lock();
     out.write_all(text.as_bytes())
@@ -47,9 +62,12 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn json(d: &Diagnosis) -> anyhow::Result<String> {
+fn json(d: &Diagnosis, comparison: Option<&[BreakdownDelta]>) -> anyhow::Result<String> {
     let mut value = serde_json::to_value(d)?;
     if let Some(obj) = value.as_object_mut() {
+        if let Some(rows) = comparison {
+            obj.insert("plan_comparison".into(), serde_json::to_value(rows)?);
+        }
         obj.insert(
             "verdict".into(),
             serde_json::Value::String(d.verdict().into()),
@@ -182,6 +200,88 @@ fn breakdown(r: &StartupReport) -> String {
     }
     let lines: Vec<String> = r.evidence_lines.iter().map(u64::to_string).collect();
     s.push_str(&format!("  evidence: line {}\n", lines.join(", ")));
-    s.push_str("  compare with `headroom plan` for the same model, utilization, max_model_len and TP to see the predicted figures\n");
+    s.push_str("  to compare: `headroom plan --model M --format json … > plan.json` for the same model, utilization, max_model_len and TP, then `headroom doctor LOG --compare-plan plan.json`\n");
+    s
+}
+
+/// Reads `headroom plan --format json` (its stable fields) into a breakdown and lines it up with
+/// the figures the log gave.
+fn plan_comparison(d: &Diagnosis, path: &std::path::Path) -> anyhow::Result<Vec<BreakdownDelta>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the plan {}", path.display()))?;
+    let plan: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not the JSON `headroom plan --format json` prints",
+            path.display()
+        )
+    })?;
+    if !plan.is_object() {
+        anyhow::bail!(
+            "{} is not a JSON object from `headroom plan --format json`",
+            path.display()
+        );
+    }
+    let Some(startup) = &d.startup else {
+        anyhow::bail!("the log has no vLLM memory figures to compare with the plan");
+    };
+    let predicted = breakdown_from_plan(&plan);
+    let mut rows = compare_breakdowns(&startup.breakdown, &predicted);
+    if let (Some(m), Some(p)) = (
+        startup.kv_bytes_per_token,
+        plan["kv_bytes_per_token"].as_f64(),
+    ) {
+        rows.push(BreakdownDelta {
+            item: "kv_bytes_per_token",
+            measured: m,
+            predicted: p,
+            difference: p - m,
+            relative: (m != 0.0).then(|| (p - m) / m),
+        });
+    }
+    if rows.is_empty() {
+        anyhow::bail!("the plan and the log share no figure to compare");
+    }
+    Ok(rows)
+}
+
+/// Maps the plan's stable JSON fields (bytes) onto a breakdown in GiB.
+fn breakdown_from_plan(plan: &serde_json::Value) -> MemoryBreakdown {
+    let gib = |key: &str| plan[key].as_f64().map(|b| b / GIB);
+    let count = |key: &str| plan[key].as_u64();
+    MemoryBreakdown {
+        total_gib: gib("gpu_total_bytes"),
+        utilization: plan["gpu_memory_utilization"].as_f64(),
+        budget_gib: gib("reserved_bytes"),
+        weights_gib: gib("weights_bytes"),
+        activation_peak_gib: gib("activation_peak_bytes"),
+        non_torch_gib: gib("non_torch_bytes"),
+        cuda_graph_gib: gib("cuda_graph_bytes"),
+        kv_cache_gib: gib("kv_cache_bytes"),
+        kv_tokens: count("kv_cache_tokens"),
+        gpu_blocks: match (count("kv_cache_tokens"), count("block_size")) {
+            (Some(t), Some(b)) if b > 0 => Some(t / b),
+            _ => None,
+        },
+        max_model_len: None,
+        max_concurrency: plan["max_concurrency"].as_f64(),
+    }
+}
+
+fn comparison_table(rows: &[BreakdownDelta]) -> String {
+    let mut s = String::from("\nlog vs `headroom plan` (same settings):\n");
+    s.push_str(&format!(
+        "  {:<22}{:>14}{:>14}{:>14}{:>9}\n",
+        "item", "log", "plan", "plan − log", "%"
+    ));
+    for r in rows {
+        let pct = r
+            .relative
+            .map(|x| format!("{:+.1}", x * 100.0))
+            .unwrap_or_else(|| "-".into());
+        s.push_str(&format!(
+            "  {:<22}{:>14.2}{:>14.2}{:>+14.2}{:>9}\n",
+            r.item, r.measured, r.predicted, r.difference, pct
+        ));
+    }
     s
 }

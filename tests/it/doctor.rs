@@ -226,3 +226,84 @@ fn unknown_log_is_not_guessed_at() {
     assert!(text.contains("no memory problem recognised"));
     assert!(text.contains("connection refused"));
 }
+
+/// A plan in the stable `headroom plan --format json` shape (bytes), for the comparison path.
+const PLAN_JSON: &str = r#"{"gpu_total_bytes": 25318195200, "gpu_memory_utilization": 0.9,
+  "reserved_bytes": 22786375680, "weights_bytes": 16060522496, "activation_peak_bytes": 2147483648,
+  "non_torch_bytes": 402653184, "cuda_graph_bytes": 0, "kv_cache_bytes": 4175758336,
+  "kv_cache_tokens": 31856, "kv_bytes_per_token": 131072, "block_size": 16, "max_concurrency": 1.59,
+  "fits": true, "vllm_args": [], "warnings": []}"#;
+
+#[test]
+fn compares_a_successful_start_with_a_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, PLAN_JSON).unwrap();
+    let log = logs_dir().join("vllm-v0-profile-20k-ok.log");
+    let out = bin()
+        .args(["doctor", "--format", "json", "--compare-plan"])
+        .arg(&plan)
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["plan_comparison"].as_array().unwrap();
+    let row = |item: &str| {
+        rows.iter()
+            .find(|r| r["item"] == item)
+            .unwrap_or_else(|| panic!("no {item} row"))
+    };
+    // The log says "Loading model weights took 14.9888 GB"; the plan says 16060522496 B = 14.9574 GiB.
+    let w = row("weights_gib");
+    assert!(close(w["measured"].as_f64().unwrap(), 14.9888));
+    assert!(
+        (w["difference"].as_f64().unwrap() - (16_060_522_496.0 / 1073741824.0 - 14.9888)).abs()
+            < 1e-9
+    );
+    assert_eq!(row("kv_tokens")["measured"], 31232.0);
+    assert_eq!(row("kv_tokens")["predicted"], 31856.0);
+    assert_eq!(row("gpu_blocks")["predicted"], 1991.0);
+    assert!(close(
+        row("kv_bytes_per_token")["predicted"].as_f64().unwrap(),
+        131_072.0
+    ));
+    let table = bin()
+        .args(["doctor", "--compare-plan"])
+        .arg(&plan)
+        .arg(&log)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(text.contains("log vs `headroom plan`"), "{text}");
+}
+
+#[test]
+fn a_bad_plan_or_a_log_without_figures_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "not json").unwrap();
+    let log = logs_dir().join("vllm-v0-profile-20k-ok.log");
+    let out = bin()
+        .args(["doctor", "--compare-plan"])
+        .arg(&bad)
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let good = dir.path().join("plan.json");
+    std::fs::write(&good, PLAN_JSON).unwrap();
+    let no_figures = logs_dir().join("vllm-no-cuda-gpus.log");
+    let out = bin()
+        .args(["doctor", "--compare-plan"])
+        .arg(&good)
+        .arg(&no_figures)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no vLLM memory figures"));
+}
