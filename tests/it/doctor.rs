@@ -85,13 +85,13 @@ fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
             }
         }
     }
-    if let Some(gpu) = expected.get("gpu_name") {
-        if &got["gpu_name"] != gpu {
-            problems.push(format!(
-                "{name}: gpu_name {}, expected {gpu}",
-                got["gpu_name"]
-            ));
-        }
+    if let Some(gpu) = expected.get("gpu_name")
+        && &got["gpu_name"] != gpu
+    {
+        problems.push(format!(
+            "{name}: gpu_name {}, expected {gpu}",
+            got["gpu_name"]
+        ));
     }
     if let Some(startup) = expected.get("startup").and_then(Value::as_object) {
         for (k, v) in startup {
