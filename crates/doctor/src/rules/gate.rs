@@ -87,6 +87,8 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("CUDA graph pool memory", VLLM),
     ("Estimated CUDA graph memory", VLLM),
     ("Memory profiling", VLLM),
+    ("Actual usage is", VLLM),
+    ("kv cache memory in use", VLLM),
     // TGI
     ("Not enough memory to handle", TGI),
     ("would exceed allowed memory", TGI),

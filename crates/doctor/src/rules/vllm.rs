@@ -26,7 +26,8 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         facts.vllm_v1 = true;
     }
     if line.contains("Free memory on device") {
-        return startup_free(facts, line_no, line);
+        let hit = startup_free(facts, line_no, line);
+        return profiling_lines(facts, line_no, line) || hit;
     }
     if line.contains("Desired GPU memory utilization is (") {
         if let Some((util, budget)) = pair_after(line, "Desired GPU memory utilization is (") {
@@ -282,6 +283,26 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             hit |= set(
                 &mut b.max_concurrency,
                 number_after(line, "tokens per request:"),
+            );
+        }
+        if line.contains("Actual usage is") {
+            // V1 recommendation: "Actual usage is W GiB for weight, A GiB for peak activation,
+            // N GiB for non-torch memory, and C GiB for CUDAGraph memory."
+            hit |= set(&mut b.weights_gib, size_after(line, "Actual usage is"));
+            hit |= set(&mut b.activation_peak_gib, size_after(line, "for weight,"));
+            hit |= set(
+                &mut b.non_torch_gib,
+                size_after(line, "for peak activation,"),
+            );
+            hit |= set(
+                &mut b.cuda_graph_gib,
+                size_after(line, "non-torch memory, and"),
+            );
+        }
+        if line.contains("kv cache memory in use is") {
+            hit |= set(
+                &mut b.kv_cache_gib,
+                size_after(line, "kv cache memory in use is"),
             );
         }
         if line.contains("Graph capturing finished") {
@@ -855,5 +876,24 @@ mod tests {
             d.findings[0].fix
         );
         assert_eq!(d.findings[1].cause, Cause::KvCacheTooSmall);
+    }
+
+    #[test]
+    fn v1_recommendation_line_fills_the_breakdown() {
+        let log = "INFO [gpu_worker.py:1] Free memory on device (23.21/23.55 GiB) on startup. Desired GPU memory utilization is (0.9, 21.19 GiB). \
+                   Actual usage is 14.99 GiB for weight, 1.23 GiB for peak activation, 0.25 GiB for non-torch memory, and 0.48 GiB for CUDAGraph memory. \
+                   Replace gpu_memory_utilization config with `--kv-cache-memory=5009042636` (4.66 GiB) to fit into requested memory, or \
+                   `--kv-cache-memory=7060938752` (6.58 GiB) to fully utilize gpu memory. Current kv cache memory in use is 4.72 GiB.\n";
+        let d = diagnose_str(log);
+        assert!(d.findings.is_empty());
+        let b = d.startup.expect("figures").breakdown;
+        assert_eq!(b.total_gib, Some(23.55));
+        assert_eq!(b.utilization, Some(0.9));
+        assert_eq!(b.budget_gib, Some(21.19));
+        assert_eq!(b.weights_gib, Some(14.99));
+        assert_eq!(b.activation_peak_gib, Some(1.23));
+        assert_eq!(b.non_torch_gib, Some(0.25));
+        assert_eq!(b.cuda_graph_gib, Some(0.48));
+        assert_eq!(b.kv_cache_gib, Some(4.72));
     }
 }
