@@ -273,11 +273,28 @@ fn torch_findings(
             )));
         }
         Some(Phase::LoadWeights) => {
-            out.push(base(Cause::WeightsDoNotFit, 0.85, oom, &acc, lines).fix(format!(
-                "{need_line} {}: the weights do not fit what is free; needs {} more — a smaller or quantized model, more GPUs ({}), or free the memory others hold",
+            let loaded = oom.allocated.or(acc.this_process);
+            let lower_bound = loaded.map(|a| a + free.max(0.0));
+            let options = match facts.engine {
+                Some(Engine::Vllm) => {
+                    "split it across GPUs (`--tensor-parallel-size`) or use a quantized checkpoint"
+                        .to_owned()
+                }
+                Some(Engine::Tgi) => {
+                    "shard it (`--num-shard`) or quantize (`--quantize`)".to_owned()
+                }
+                _ => "use a smaller or quantized model (fp16/int8), or another GPU".to_owned(),
+            };
+            let others = acc
+                .held_elsewhere
+                .filter(|h| *h >= 0.5)
+                .map(|h| format!(", or free the {} held outside this process", size(h)))
+                .unwrap_or_default();
+            out.push(base(Cause::WeightsDoNotFit, 0.85, oom, &acc, lines).num("needs_more_than_gib", lower_bound).fix(format!(
+                "{need_line} {}: {} the weights do not fit — the model needs more than {} of this GPU; {options}{others}",
                 Phase::LoadWeights.describe(),
-                size(shortfall),
-                knobs.parallel
+                loaded.map(|a| format!("{} GiB were already loaded and", gib(a))).unwrap_or_default(),
+                lower_bound.map(|b| format!("{} GiB", gib(b))).unwrap_or_else(|| "what was free".into()),
             )));
         }
         Some(Phase::Profiling) | Some(Phase::Request) | Some(Phase::KvAllocation) => {
