@@ -13,8 +13,11 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<
     if groups & gate::GPU != 0 && facts.gpu_name.is_none() {
         facts.gpu_name = gpu_name(line);
     }
-    if groups & (gate::CONTEXT | gate::RANK) != 0 {
+    if groups & gate::CONTEXT != 0 {
         parallelism(facts, line);
+    }
+    if groups & gate::RANK != 0 {
+        worker_tags(facts, line);
     }
     if groups & gate::CONFIG != 0 {
         config(facts, line);
@@ -115,6 +118,10 @@ fn parallelism(facts: &mut Facts, line: &str) {
             facts.pp = Some(facts.pp.map_or(v, |t| t.max(v)));
         }
     }
+}
+
+/// Worker tags on multi-GPU lines: the highest rank seen and the parallel sizes they imply.
+fn worker_tags(facts: &mut Facts, line: &str) {
     if let Some(rank) = worker_rank(line) {
         facts.max_worker_rank = facts.max_worker_rank.max(rank);
     }
@@ -287,7 +294,7 @@ mod tests {
     #[test]
     fn worker_ranks_and_parallel_sizes() {
         let mut f = Facts::default();
-        parallelism(&mut f, "(Worker_PP1_TP3 pid=4365) WARNING x");
+        worker_tags(&mut f, "(Worker_PP1_TP3 pid=4365) WARNING x");
         assert_eq!((f.pp, f.tp), (Some(2), Some(4)));
         assert_eq!(worker_rank("(VllmWorker rank=7 pid=1) ERROR"), Some(7));
         assert_eq!(worker_rank("(Worker_TP1 pid=26348) INFO"), Some(1));

@@ -37,7 +37,7 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     }
     let phase_here = context::scan(facts, line_no, line, g);
     let mut matched = false;
-    if g & (gate::VLLM | gate::ERROR) != 0 {
+    if g & gate::VLLM != 0 {
         matched |= vllm::scan(facts, line_no, line, phase_here);
     }
     if g & gate::TORCH != 0 {

@@ -19,6 +19,14 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
     if !line.contains("Tried to allocate") {
         return false;
     }
+    // A crash loop repeats the same report: once enough evidence is kept, only count it.
+    if let Some(seen) = facts.torch_oom.as_mut()
+        && seen.lines.len() >= crate::facts::MAX_EVIDENCE
+        && (line.contains("total capac") || line.contains("total capacty"))
+    {
+        seen.again(line_no);
+        return true;
+    }
     let Some(request) = size_after(line, "Tried to allocate") else {
         return false;
     };
