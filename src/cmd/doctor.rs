@@ -91,7 +91,7 @@ fn table(d: &Diagnosis, source: &str) -> String {
     let mut s = String::new();
     let engine = d
         .engine
-        .map(|e| format!("{e:?}"))
+        .map(|e| e.as_str().to_owned())
         .unwrap_or_else(|| "unknown".into());
     s.push_str(&format!(
         "headroom doctor: {source} — {} lines read, engine {engine}",

@@ -91,7 +91,7 @@ impl Finding {
     }
 }
 
-/// The engine whose messages the log carries (the first one recognised wins for naming knobs).
+/// The engine whose messages the log carries (the most specific one seen names the knobs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Engine {
@@ -101,7 +101,24 @@ pub enum Engine {
     Ollama,
     Ctranslate2,
     Whisper,
+    #[serde(rename = "pytorch")]
     PyTorch,
+}
+
+impl Engine {
+    /// The name used in JSON (`vllm`, `tgi`, `llama_cpp`, `ollama`, `ctranslate2`, `whisper`,
+    /// `pytorch`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Tgi => "tgi",
+            Engine::LlamaCpp => "llama_cpp",
+            Engine::Ollama => "ollama",
+            Engine::Ctranslate2 => "ctranslate2",
+            Engine::Whisper => "whisper",
+            Engine::PyTorch => "pytorch",
+        }
+    }
 }
 
 /// What vLLM reported about a start-up (successful or not), per GPU.
@@ -157,12 +174,52 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// A diagnosis of nothing: no lines, no findings.
+    pub fn empty() -> Self {
+        Diagnosis {
+            findings: Vec::new(),
+            lines_read: 0,
+            truncated_lines: 0,
+            engine: None,
+            gpu_name: None,
+            startup: None,
+            unrecognised_lines: Vec::new(),
+        }
+    }
+
     /// "no memory problem recognised" when there are no findings.
     pub fn verdict(&self) -> &'static str {
         if self.findings.is_empty() {
             "no memory problem recognised"
         } else {
             "memory problem recognised"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_match_json() {
+        for e in [
+            Engine::Vllm,
+            Engine::Tgi,
+            Engine::LlamaCpp,
+            Engine::Ollama,
+            Engine::Ctranslate2,
+            Engine::Whisper,
+            Engine::PyTorch,
+        ] {
+            assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
+        }
+        for c in [
+            Cause::WeightsDoNotFit,
+            Cause::StartupFreeMemoryBelowUtilization,
+            Cause::NotOutOfMemory,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
         }
     }
 }

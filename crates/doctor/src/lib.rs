@@ -60,26 +60,9 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
     })
 }
 
-/// Diagnoses a log held in memory.
+/// Diagnoses a log held in memory (reading a byte slice cannot fail).
 pub fn diagnose_str(text: &str) -> Diagnosis {
-    match diagnose(text.as_bytes()) {
-        Ok(d) => d,
-        Err(_) => unreachable_read(),
-    }
-}
-
-#[cold]
-fn unreachable_read() -> Diagnosis {
-    // Reading from a byte slice cannot fail; keep a total function without panicking.
-    Diagnosis {
-        findings: Vec::new(),
-        lines_read: 0,
-        truncated_lines: 0,
-        engine: None,
-        gpu_name: None,
-        startup: None,
-        unrecognised_lines: Vec::new(),
-    }
+    diagnose(text.as_bytes()).unwrap_or_else(|_| Diagnosis::empty())
 }
 
 #[cfg(test)]
