@@ -216,7 +216,14 @@ mod tests {
         }
         for c in [
             Cause::WeightsDoNotFit,
+            Cause::KvCacheTooSmall,
             Cause::StartupFreeMemoryBelowUtilization,
+            Cause::OtherProcessHoldsMemory,
+            Cause::Fragmentation,
+            Cause::ActivationPeak,
+            Cause::TooManySequences,
+            Cause::CudaGraphCapture,
+            Cause::MultiGpuWorkerLimit,
             Cause::NotOutOfMemory,
         ] {
             assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
