@@ -1,5 +1,6 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
+pub mod doctor;
 pub mod plan;
 pub mod top;
 
@@ -16,12 +17,15 @@ pub enum Command {
     Plan(Box<plan::PlanArgs>),
     /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
     Top(top::TopArgs),
+    /// Read an engine log, name the memory limit that was crossed and compute the fix.
+    Doctor(doctor::DoctorArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(*args),
         Command::Top(args) => top::run(args),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 

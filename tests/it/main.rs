@@ -1,5 +1,6 @@
 //! The one integration-test binary: each module drives the real `headroom` binary or real servers
 //! on 127.0.0.1.
 
+mod doctor;
 mod plan;
 mod top;

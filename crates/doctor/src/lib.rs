@@ -1,1 +1,200 @@
-//! headroom-doctor: placeholder until its issue lands.
+//! headroom-doctor: reads an inference-engine log (vLLM V0/V1, PyTorch, TGI, llama.cpp,
+//! llama-cpp-python, Ollama, CTranslate2 / faster-whisper, Whisper, audio models served by vLLM),
+//! names the GPU-memory limit that was crossed and computes the fix with `headroom-plan`'s
+//! arithmetic. One streaming pass, bounded memory; the only I/O is reading the given input.
+
+mod facts;
+pub mod finding;
+mod parse;
+pub mod reader;
+mod rules;
+
+use std::io::BufRead;
+
+pub use finding::{Cause, Diagnosis, Engine, Finding, StartupReport};
+pub use headroom_plan::advice::MemoryBreakdown;
+
+/// Errors reading a log.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    #[error("reading the log failed after line {line}: {source}")]
+    Read {
+        line: u64,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads the whole log in one pass and diagnoses it.
+pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
+    let mut reader = reader::LineReader::new(input);
+    let mut facts = facts::Facts::default();
+    loop {
+        let line_no = reader.lines_read();
+        match reader.next_line() {
+            Ok(Some((n, line))) => rules::scan_line(&mut facts, n, &line),
+            Ok(None) => break,
+            Err(source) => {
+                return Err(DoctorError::Read {
+                    line: line_no,
+                    source,
+                });
+            }
+        }
+    }
+    let findings = rules::conclude(&mut facts);
+    let startup = facts.startup.has_figures().then(|| facts.startup.clone());
+    let unrecognised = if findings.is_empty() {
+        std::mem::take(&mut facts.unrecognised)
+    } else {
+        Vec::new()
+    };
+    Ok(Diagnosis {
+        findings,
+        lines_read: reader.lines_read(),
+        truncated_lines: reader.truncated_lines(),
+        engine: facts.engine,
+        gpu_name: facts.gpu_name.take(),
+        startup,
+        unrecognised_lines: unrecognised,
+    })
+}
+
+/// Diagnoses a log held in memory (reading a byte slice cannot fail).
+pub fn diagnose_str(text: &str) -> Diagnosis {
+    diagnose(text.as_bytes()).unwrap_or_else(|_| Diagnosis::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const FIXTURES: [&str; 8] = [
+        include_str!("../../../tests/data/logs/vllm-v1-startup-free-below-util.log"),
+        include_str!("../../../tests/data/logs/vllm-v0-profile-29k-kv-too-small.log"),
+        include_str!("../../../tests/data/logs/vllm-v0-oom-echo-cuda-graph-pool.log"),
+        include_str!("../../../tests/data/logs/pytorch-pre21-oom-vlm-rl.log"),
+        include_str!("../../../tests/data/logs/tgi-warmup-allocation-exceeds-limit.log"),
+        include_str!("../../../tests/data/logs/ollama-offload-partial.log"),
+        include_str!("../../../tests/data/logs/llamacpp-python-pipeline-parallel-device4.log"),
+        include_str!("../../../tests/data/logs/vllm-v1-ok-cudagraph-estimate.log"),
+    ];
+
+    /// Properties every diagnosis must have, whatever the input.
+    fn check_invariants(d: &Diagnosis, input: &[u8]) {
+        let newlines = input.iter().filter(|b| **b == b'\n').count() as u64;
+        let expected_lines =
+            newlines + u64::from(!input.is_empty() && input.last() != Some(&b'\n'));
+        assert_eq!(d.lines_read, expected_lines);
+        let mut causes: Vec<Cause> = d.findings.iter().map(|f| f.cause).collect();
+        causes.sort();
+        causes.dedup();
+        assert_eq!(causes.len(), d.findings.len(), "one finding per cause");
+        for f in &d.findings {
+            assert!(!f.evidence_lines.is_empty());
+            assert!(
+                f.evidence_lines
+                    .iter()
+                    .all(|l| *l >= 1 && *l <= d.lines_read)
+            );
+            assert!(f.numbers.values().all(|v| v.is_finite()));
+            assert!(!f.fix.is_empty());
+        }
+        assert!(
+            d.findings
+                .windows(2)
+                .all(|w| w[0].likelihood >= w[1].likelihood)
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn random_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let d = diagnose(&input[..]).unwrap();
+            check_invariants(&d, &input);
+        }
+
+        #[test]
+        fn random_log_like_text_never_panics(
+            lines in proptest::collection::vec(
+                prop_oneof![
+                    "[ -~]{0,120}",
+                    "(Tried to allocate|total capacity of|of which|is free|GiB|MiB|\\(|\\)|;|[0-9.,]{1,8}| ){0,40}",
+                    "(Free memory on device|max seq len|KV cache|GiB|\\(|\\)|/|,|[0-9.]{1,6}| ){0,30}",
+                    "(msg=|layers.offload=|memory.available=|\"|\\[|\\]|GiB|B|[0-9.]{1,5}| ){0,30}",
+                ],
+                0..40,
+            )
+        ) {
+            let text = lines.join("\n");
+            let d = diagnose_str(&text);
+            check_invariants(&d, text.as_bytes());
+        }
+
+        #[test]
+        fn truncated_and_spliced_fixtures_never_panic(
+            which in 0..FIXTURES.len(),
+            cut in 0usize..4000,
+            start in 0usize..4000,
+            junk in "[ -~]{0,40}",
+        ) {
+            let bytes = FIXTURES[which].as_bytes();
+            let end = cut.min(bytes.len());
+            let begin = start.min(end);
+            let mut input = bytes[begin..end].to_vec();
+            input.extend_from_slice(junk.as_bytes());
+            let d = diagnose(&input[..]).unwrap();
+            check_invariants(&d, &input);
+        }
+    }
+
+    #[test]
+    fn whole_fixtures_keep_their_invariants() {
+        for text in FIXTURES {
+            let d = diagnose_str(text);
+            check_invariants(&d, text.as_bytes());
+        }
+    }
+
+    #[test]
+    fn one_huge_line_is_truncated_not_buffered() {
+        let mut input = vec![b'a'; 3 * reader::MAX_LINE_BYTES];
+        input.extend_from_slice(b"\nNo CUDA GPUs are available\n");
+        let d = diagnose(&input[..]).unwrap();
+        assert_eq!(d.lines_read, 2);
+        assert_eq!(d.truncated_lines, 1);
+        assert_eq!(d.findings[0].cause, Cause::NotOutOfMemory);
+        assert_eq!(d.findings[0].evidence_lines, vec![2]);
+    }
+
+    #[test]
+    fn a_read_error_is_reported_with_the_line() {
+        struct Failing(u8);
+        impl std::io::Read for Failing {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(std::io::Error::other("disk gone"));
+                }
+                self.0 -= 1;
+                buf[..2].copy_from_slice(b"x\n");
+                Ok(2)
+            }
+        }
+        let err = diagnose(std::io::BufReader::new(Failing(3))).unwrap_err();
+        assert!(err.to_string().contains("after line 3"), "{err}");
+    }
+
+    #[test]
+    fn nothing_recognised_lists_error_lines_it_read() {
+        let d = diagnose_str("starting\nERROR: upstream refused\nok\n");
+        assert!(d.findings.is_empty());
+        assert_eq!(d.verdict(), "no memory problem recognised");
+        assert_eq!(
+            d.unrecognised_lines,
+            vec![(2, "ERROR: upstream refused".to_owned())]
+        );
+    }
+}

@@ -3,6 +3,7 @@
 //! blocks, tokens and concurrency it will log, its start-up failures, and the flags that fit a card
 //! shared with other tenants. No I/O lives here: callers hand in plain values.
 
+pub mod advice;
 pub mod kv;
 pub mod overhead;
 pub mod spec;

@@ -1,0 +1,272 @@
+//! Everything the rules read out of a log, kept as bounded state while the lines stream past:
+//! first occurrence of each message with its numbers, a few evidence line numbers, repeat counts,
+//! and context (engine, GPU name, parallelism, the phase a failure happened in).
+
+use crate::finding::{Engine, StartupReport};
+
+/// Evidence lines kept per fact.
+pub const MAX_EVIDENCE: usize = 8;
+/// Unrecognised error lines kept for the "nothing recognised" report.
+pub const MAX_UNRECOGNISED: usize = 20;
+/// A phase marker counts for a failure this many lines later at most.
+pub const PHASE_WINDOW: u64 = 200;
+
+/// The first occurrence of something, where else it appeared, and how often.
+#[derive(Debug, Clone)]
+pub struct Seen<T> {
+    pub value: T,
+    pub lines: Vec<u64>,
+    pub count: u64,
+}
+
+impl<T> Seen<T> {
+    pub fn new(value: T, line: u64) -> Self {
+        Seen {
+            value,
+            lines: vec![line],
+            count: 1,
+        }
+    }
+
+    pub fn again(&mut self, line: u64) {
+        self.count += 1;
+        if self.lines.len() < MAX_EVIDENCE {
+            self.lines.push(line);
+        }
+    }
+}
+
+/// Records `value` at `line`, or notes a repeat.
+pub fn record<T>(slot: &mut Option<Seen<T>>, value: T, line: u64) {
+    match slot {
+        Some(seen) => seen.again(line),
+        None => *slot = Some(Seen::new(value, line)),
+    }
+}
+
+/// What the process was doing when memory ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    LoadWeights,
+    Profiling,
+    SamplerWarmup,
+    GraphCapture,
+    KvAllocation,
+    Request,
+}
+
+impl Phase {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Phase::LoadWeights => "while loading weights",
+            Phase::Profiling => "during the memory-profiling / warm-up forward pass",
+            Phase::SamplerWarmup => "while warming up the sampler",
+            Phase::GraphCapture => "while capturing CUDA graphs",
+            Phase::KvAllocation => "while allocating the KV cache",
+            Phase::Request => "while serving a request",
+        }
+    }
+}
+
+/// A PyTorch CUDA out-of-memory message, either wording.
+#[derive(Debug, Clone, Default)]
+pub struct TorchOom {
+    pub request: f64,
+    pub device: Option<u64>,
+    pub total: Option<f64>,
+    pub free: Option<f64>,
+    /// "Including non-PyTorch memory, this process has X memory in use".
+    pub this_process: Option<f64>,
+    /// "Process N has X memory in use" entries.
+    pub processes: Vec<(u64, f64)>,
+    pub allocated: Option<f64>,
+    pub private_pools: Option<f64>,
+    pub reserved_unallocated: Option<f64>,
+    /// Pre-2.1 wording: "X reserved in total by PyTorch".
+    pub reserved_total: Option<f64>,
+    pub phase: Option<Phase>,
+    /// The OOM came from a worker / device other than the first.
+    pub worker_rank: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StartupFree {
+    pub device: Option<String>,
+    pub free: f64,
+    pub total: f64,
+    pub util: f64,
+    pub requested: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvNeed {
+    pub max_model_len: u64,
+    pub need: f64,
+    pub available: f64,
+    pub estimated_max_len: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct KvTokensShort {
+    pub max_model_len: u64,
+    pub kv_tokens: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct GgmlAlloc {
+    pub mib: f64,
+    pub device: u64,
+    /// Set from the lines that follow the allocation failure.
+    pub kind: Option<GgmlBuffer>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlBuffer {
+    Model,
+    Compute,
+    Kv,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct OllamaTooLittle {
+    pub name: Option<String>,
+    pub total: Option<f64>,
+    pub available: Option<f64>,
+    pub minimum: Option<f64>,
+    pub layer_size: Option<f64>,
+    pub partial_offload: Option<f64>,
+    pub full_offload: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct OllamaOffload {
+    pub layers_model: Option<u64>,
+    pub layers_offload: Option<u64>,
+    pub available: Vec<f64>,
+    pub allocations: Vec<f64>,
+    pub required_full: Option<f64>,
+    pub required_partial: Option<f64>,
+    pub required_kv: Option<f64>,
+    pub graph_full: Option<f64>,
+    pub lines: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TgiAllocExceed {
+    pub allocated: Option<f64>,
+    pub requested: Option<f64>,
+    pub limit: Option<f64>,
+    pub free: Option<f64>,
+}
+
+/// All state kept while scanning.
+#[derive(Debug, Default)]
+pub struct Facts {
+    pub lines_read: u64,
+    pub engine: Option<Engine>,
+    pub engines_seen: Vec<Engine>,
+    pub gpu_name: Option<String>,
+    pub model: Option<String>,
+    pub tp: Option<u64>,
+    pub pp: Option<u64>,
+    pub max_model_len_config: Option<u64>,
+    pub kv_cache_dtype: Option<String>,
+    pub utilization_config: Option<f64>,
+    pub block_size: Option<u64>,
+    pub max_worker_rank: u64,
+    pub last_phase: Option<(Phase, u64)>,
+    pub vllm_v0: bool,
+    /// V1 engine-core markers seen (EngineCore, gpu_worker.py, gpu_model_runner).
+    pub vllm_v1: bool,
+
+    // vLLM
+    pub startup_free: Option<Seen<StartupFree>>,
+    pub kv_need: Option<Seen<KvNeed>>,
+    pub kv_tokens_short: Option<Seen<KvTokensShort>>,
+    pub no_cache_blocks: Option<Seen<()>>,
+    pub sampler_warmup: Option<Seen<u64>>,
+    pub startup: StartupReport,
+
+    // PyTorch
+    pub torch_oom: Option<Seen<TorchOom>>,
+    /// An OOM that came as "CUDA error: out of memory" (driver-level, no sizes).
+    pub cuda_error_oom: Option<Seen<Option<Phase>>>,
+
+    // TGI
+    pub tgi_prefill: Option<Seen<u64>>,
+    pub tgi_alloc_exceed: Option<Seen<TgiAllocExceed>>,
+
+    // llama.cpp
+    pub ggml_alloc: Option<Seen<GgmlAlloc>>,
+    pub ggml_pipeline_parallel: Option<u64>,
+    pub ggml_devices: u64,
+
+    // Ollama
+    pub ollama_too_little: Option<Seen<OllamaTooLittle>>,
+    pub ollama_system_memory: Option<Seen<(f64, f64)>>,
+    pub ollama_offload: Option<OllamaOffload>,
+
+    // CTranslate2 / faster-whisper
+    pub ct2_oom: Option<Seen<Option<Phase>>>,
+
+    // Not memory at all
+    pub non_memory: Option<Seen<&'static str>>,
+    pub unrecognised: Vec<(u64, String)>,
+}
+
+impl Facts {
+    /// Notes that the log carries `engine`'s messages.
+    pub fn saw_engine(&mut self, engine: Engine) {
+        if !self.engines_seen.contains(&engine) {
+            self.engines_seen.push(engine);
+        }
+    }
+
+    /// The phase marker in force at `line` (same line first, else the last one within the window).
+    pub fn phase_at(&self, line: u64, same_line: Option<Phase>) -> Option<Phase> {
+        same_line.or_else(|| {
+            self.last_phase
+                .filter(|(_, at)| line.saturating_sub(*at) <= PHASE_WINDOW)
+                .map(|(p, _)| p)
+        })
+    }
+
+    /// The knob names of the engine in this log.
+    pub fn knobs(&self) -> Knobs {
+        match self.engine {
+            Some(Engine::Tgi) => Knobs {
+                budget: "--cuda-memory-fraction",
+                batch: "--max-batch-prefill-tokens",
+                parallel: "--num-shard",
+            },
+            Some(Engine::LlamaCpp) | Some(Engine::Ollama) => Knobs {
+                budget: "-ngl (layers on GPU)",
+                batch: "-ub/--ubatch-size",
+                parallel: "--tensor-split",
+            },
+            Some(Engine::Ctranslate2) | Some(Engine::Whisper) => Knobs {
+                budget: "a smaller model or compute_type",
+                batch: "batch_size/beam_size",
+                parallel: "device_index",
+            },
+            Some(Engine::PyTorch) => Knobs {
+                budget: "the model size",
+                batch: "the batch size",
+                parallel: "more GPUs",
+            },
+            Some(Engine::Vllm) | None => Knobs {
+                budget: "--gpu-memory-utilization",
+                batch: "--max-num-batched-tokens",
+                parallel: "--tensor-parallel-size",
+            },
+        }
+    }
+}
+
+/// Flag names for the three levers, per engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Knobs {
+    pub budget: &'static str,
+    pub batch: &'static str,
+    pub parallel: &'static str,
+}

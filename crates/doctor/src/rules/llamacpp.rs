@@ -1,0 +1,169 @@
+//! llama.cpp / llama-cpp-python: `ggml_backend_cuda_buffer_type_alloc_buffer: allocating X MiB on
+//! device N: cudaMalloc failed: out of memory` (and Vulkan's "Device memory allocation of size N
+//! failed"), classified by the lines that follow (model buffer, compute buffer, KV buffer), plus
+//! multi-device hints (pipeline parallelism, per-device buffers).
+
+use super::size;
+use crate::facts::{Facts, GgmlAlloc, GgmlBuffer, record};
+use crate::finding::{Cause, Finding};
+use crate::parse::{int_after, number_after};
+
+/// Lines after the failure that may still name the buffer kind.
+const FOLLOW_WINDOW: u64 = 6;
+
+/// True while lines right after an allocation failure may still name the buffer kind.
+pub fn expects_follow_up(facts: &Facts, line_no: u64) -> bool {
+    facts.ggml_alloc.as_ref().is_some_and(|seen| {
+        seen.value.kind.is_none()
+            && seen
+                .lines
+                .last()
+                .is_some_and(|l| line_no - l <= FOLLOW_WINDOW)
+    })
+}
+
+pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
+    if (line.contains("cudaMalloc failed: out of memory") || line.contains("hipMalloc failed"))
+        && let Some(mib) = number_after(line, "allocating ")
+    {
+        let device = int_after(line, "on device ").unwrap_or(0);
+        let kind = match facts.last_phase {
+            Some((crate::facts::Phase::LoadWeights, at)) if line_no - at <= FOLLOW_WINDOW * 4 => {
+                Some(GgmlBuffer::Model)
+            }
+            _ => None,
+        };
+        record(
+            &mut facts.ggml_alloc,
+            GgmlAlloc { mib, device, kind },
+            line_no,
+        );
+        return true;
+    }
+    if line.contains("Device memory allocation of size")
+        && line.contains("failed")
+        && let Some(bytes) = number_after(line, "allocation of size ")
+    {
+        record(
+            &mut facts.ggml_alloc,
+            GgmlAlloc {
+                mib: bytes / 1_048_576.0,
+                device: 0,
+                kind: None,
+            },
+            line_no,
+        );
+        return true;
+    }
+    if line.contains("pipeline parallelism enabled") {
+        facts.ggml_pipeline_parallel = int_after(line, "n_copies=").or(Some(1));
+        return true;
+    }
+    for marker in [
+        " model buffer size",
+        " KV buffer size",
+        " compute buffer size",
+    ] {
+        if let Some(at) = line.find(marker) {
+            let head = &line[..at];
+            if let Some(cuda) = head.rfind("CUDA").or_else(|| head.rfind("ROCm"))
+                && let Some(d) = int_after(
+                    &head[cuda..],
+                    if head[cuda..].starts_with("CUDA") {
+                        "CUDA"
+                    } else {
+                        "ROCm"
+                    },
+                )
+            {
+                facts.ggml_devices = facts.ggml_devices.max(d + 1);
+            }
+            return true;
+        }
+    }
+    if let Some(seen) = facts.ggml_alloc.as_mut() {
+        let near = seen
+            .lines
+            .last()
+            .is_some_and(|l| line_no - l <= FOLLOW_WINDOW);
+        if near && seen.value.kind.is_none() {
+            let kind = if line.contains("alloc_tensor_range")
+                || line.contains("unable to allocate CUDA")
+                || line.contains("unable to allocate backend buffer")
+                || line.contains("error loading model")
+            {
+                Some(GgmlBuffer::Model)
+            } else if line.contains("compute buffer")
+                || line.contains("ggml_gallocr_reserve_n")
+                || line.contains("failed to allocate graph")
+            {
+                Some(GgmlBuffer::Compute)
+            } else if line.contains("kv_cache_init")
+                || line.contains("KV buffer")
+                || line.contains("KV cache")
+            {
+                Some(GgmlBuffer::Kv)
+            } else {
+                None
+            };
+            if kind.is_some() {
+                seen.value.kind = kind;
+                if seen.lines.len() < crate::facts::MAX_EVIDENCE {
+                    seen.lines.push(line_no);
+                }
+                return true;
+            }
+        }
+    }
+    false
+}
+
+pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
+    let Some(seen) = &facts.ggml_alloc else {
+        return;
+    };
+    let a = &seen.value;
+    let gib = a.mib / 1024.0;
+    let lines = seen.lines.iter().copied();
+    let missing = "the device's free memory is not in this log (`nvidia-smi --query-gpu=memory.free --format=csv` shows it)";
+    let base = |cause, likelihood| {
+        Finding::new(cause, likelihood)
+            .num("tried_to_allocate_gib", Some(gib))
+            .count("device_index", Some(a.device))
+            .count("pipeline_copies", facts.ggml_pipeline_parallel)
+            .lines(lines.clone())
+    };
+    match a.kind {
+        Some(GgmlBuffer::Model) | None if a.kind.is_some() || a.mib >= 4096.0 => out.push(base(Cause::WeightsDoNotFit, 0.9).fix(format!(
+            "the model buffer for device {} is {}: the layers offloaded to it do not fit; offload fewer layers (`-ngl`; layers that fit ≈ free memory / per-layer size), \
+             split across GPUs (`--tensor-split`), or use a smaller quantization; {missing}",
+            a.device,
+            size(gib)
+        ))),
+        Some(GgmlBuffer::Compute) => out.push(base(Cause::ActivationPeak, 0.85).fix(format!(
+            "the compute buffer for device {} needs {}: it grows with the micro-batch and context; halving `-ub/--ubatch-size` roughly halves it, \
+             a smaller `-c` shrinks it, or offload fewer layers (`-ngl`); {missing}",
+            a.device,
+            size(gib)
+        ))),
+        Some(GgmlBuffer::Kv) => out.push(base(Cause::KvCacheTooSmall, 0.85).fix(format!(
+            "the KV buffer ({}) for the context does not fit device {}: lower `-c/--ctx-size` in proportion, or quantize the cache (`-ctk q8_0 -ctv q8_0` halves it); {missing}",
+            size(gib),
+            a.device
+        ))),
+        _ => out.push(base(Cause::ActivationPeak, 0.5).fix(format!(
+            "a {} buffer on device {} did not fit and the log does not say which kind; {missing}",
+            size(gib),
+            a.device
+        ))),
+    }
+    if a.device > 0 || facts.ggml_pipeline_parallel.is_some_and(|c| c > 1) {
+        let copies = facts.ggml_pipeline_parallel.unwrap_or(1);
+        out.push(base(Cause::MultiGpuWorkerLimit, if a.device > 0 { 0.92 } else { 0.5 }).fix(format!(
+            "device {} ran out of its own memory ({} requested) while others may have room; {}move layers off it with `--tensor-split` (give it a smaller share) or exclude it",
+            a.device,
+            size(gib),
+            if copies > 1 { format!("pipeline parallelism keeps {copies} copies of the compute buffer per device (`-ub` smaller or `--split-mode row` reduces it); ") } else { String::new() }
+        )));
+    }
+}

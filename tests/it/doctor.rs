@@ -1,0 +1,359 @@
+//! `headroom doctor` end to end through the built binary: every fixture under tests/data/logs/
+//! against its checked-in expectation (causes in order, key numbers of the first finding, computed
+//! flag values in the fix, vLLM start-up figures), plus stdin, bad input and table output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+}
+
+fn logs_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/logs")
+}
+
+fn doctor_json(path: &Path) -> Value {
+    let out = bin()
+        .args(["doctor", "--format", "json"])
+        .arg(path)
+        .output()
+        .expect("run headroom");
+    assert!(
+        out.status.success(),
+        "{}: exit {:?}, stderr {}",
+        path.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 + 1e-9 * b.abs()
+}
+
+/// Checks one fixture; returns the problems found.
+fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
+    let name = log.file_name().unwrap().to_string_lossy().into_owned();
+    let got = doctor_json(log);
+    let mut problems = Vec::new();
+    let findings = got["findings"].as_array().cloned().unwrap_or_default();
+    let causes: Vec<&str> = findings
+        .iter()
+        .filter_map(|f| f["cause"].as_str())
+        .collect();
+    let want: Vec<&str> = expected["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    if causes != want {
+        problems.push(format!("{name}: causes {causes:?}, expected {want:?}"));
+    }
+    for f in &findings {
+        for key in ["cause", "numbers", "fix", "evidence_lines"] {
+            if f.get(key).is_none() {
+                problems.push(format!("{name}: finding lacks `{key}`"));
+            }
+        }
+        if f["evidence_lines"].as_array().is_none_or(|l| l.is_empty()) {
+            problems.push(format!("{name}: a finding has no evidence lines"));
+        }
+    }
+    if want.is_empty() {
+        if got["verdict"] != "no memory problem recognised" {
+            problems.push(format!("{name}: verdict {}", got["verdict"]));
+        }
+    } else if let Some(first) = findings.first() {
+        for (k, v) in expected["numbers"].as_object().unwrap() {
+            let want = v.as_f64().unwrap();
+            match first["numbers"][k].as_f64() {
+                Some(g) if close(g, want) => {}
+                other => problems.push(format!("{name}: numbers.{k} = {other:?}, expected {want}")),
+            }
+        }
+        let fix = first["fix"].as_str().unwrap_or("");
+        for needle in expected["fix_contains"].as_array().unwrap() {
+            let needle = needle.as_str().unwrap();
+            if !fix.contains(needle) {
+                problems.push(format!("{name}: fix lacks {needle:?}: {fix}"));
+            }
+        }
+    }
+    if let Some(gpu) = expected.get("gpu_name")
+        && &got["gpu_name"] != gpu
+    {
+        problems.push(format!(
+            "{name}: gpu_name {}, expected {gpu}",
+            got["gpu_name"]
+        ));
+    }
+    if let Some(startup) = expected.get("startup").and_then(Value::as_object) {
+        for (k, v) in startup {
+            let want = v.as_f64().unwrap();
+            match got["startup"][k].as_f64() {
+                Some(g) if close(g, want) => {}
+                other => problems.push(format!("{name}: startup.{k} = {other:?}, expected {want}")),
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_fixture_matches_its_expected_diagnosis() {
+    let dir = logs_dir();
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    assert!(logs.len() >= 25, "only {} fixtures", logs.len());
+    let sources = std::fs::read_to_string(dir.join("SOURCES.md")).unwrap();
+    let mut problems = Vec::new();
+    for log in &logs {
+        let stem = log.file_stem().unwrap().to_string_lossy().into_owned();
+        if !sources.contains(&format!("| {stem}.log |")) {
+            problems.push(format!("{stem}.log has no row in SOURCES.md"));
+        }
+        let expected_path = dir.join("expected").join(format!("{stem}.json"));
+        let Ok(text) = std::fs::read_to_string(&expected_path) else {
+            problems.push(format!("{stem}.log has no expected/{stem}.json"));
+            continue;
+        };
+        let expected: Value = serde_json::from_str(&text).unwrap();
+        problems.extend(check_fixture(log, &expected));
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problems:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn reads_standard_input() {
+    let log = std::fs::read(logs_dir().join("vllm-v1-startup-free-below-util.log")).unwrap();
+    let mut child = bin()
+        .args(["doctor", "-", "--format", "json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&log).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["findings"][0]["cause"],
+        "startup_free_memory_below_utilization"
+    );
+    assert_eq!(v["findings"][0]["numbers"]["utilization_that_fits"], 0.89);
+    assert_eq!(v["lines_read"], 1);
+}
+
+#[test]
+fn missing_file_and_directory_are_bad_input() {
+    for arg in [
+        "/nonexistent/headroom-doctor.log",
+        env!("CARGO_MANIFEST_DIR"),
+    ] {
+        let out = bin().args(["doctor", arg]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{arg}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("headroom: "), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    }
+    let out = bin()
+        .args(["doctor", "x.log", "--format", "yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn table_prints_breakdown_for_a_successful_start() {
+    let out = bin()
+        .arg("doctor")
+        .arg(logs_dir().join("vllm-v0-profile-20k-ok.log"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("no memory problem recognised"), "{text}");
+    assert!(text.contains("vLLM memory breakdown"), "{text}");
+    let row = |label: &str, value: &str| {
+        text.lines()
+            .any(|l| l.trim_start().starts_with(label) && l.trim_end().ends_with(value))
+    };
+    assert!(row("weights", "14.99 GiB"), "{text}");
+    assert!(row("KV tokens", "31232"), "{text}");
+    assert!(row("max concurrency", "1.56x"), "{text}");
+    assert!(text.contains("--model M"), "{text}");
+}
+
+#[test]
+fn table_names_cause_fix_and_evidence() {
+    let out = bin()
+        .arg("doctor")
+        .arg(logs_dir().join("vllm-v1-kv-too-small-tpu.log"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("1. kv_cache_too_small"), "{text}");
+    assert!(text.contains("`--max-model-len 5632`"), "{text}");
+    assert!(text.contains("evidence: line 5"), "{text}");
+}
+
+#[test]
+fn unknown_log_is_not_guessed_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.log");
+    std::fs::write(
+        &path,
+        "INFO starting\nERROR: connection refused to upstream\nINFO done\n",
+    )
+    .unwrap();
+    let v = doctor_json(&path);
+    assert_eq!(v["findings"].as_array().unwrap().len(), 0);
+    assert_eq!(v["verdict"], "no memory problem recognised");
+    assert_eq!(v["lines_read"], 3);
+    assert_eq!(v["unrecognised_lines"][0]["line"], 2);
+    let out = bin().arg("doctor").arg(&path).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("no memory problem recognised"));
+    assert!(text.contains("connection refused"));
+}
+
+/// A plan in the stable `headroom plan --format json` shape (bytes), for the comparison path.
+const PLAN_JSON: &str = r#"{"gpu_total_bytes": 25318195200, "gpu_memory_utilization": 0.9,
+  "requested_bytes": 22786375680, "reserved_bytes": 0, "weights_bytes": 16060522496, "activation_peak_bytes": 2147483648,
+  "non_torch_bytes": 402653184, "cuda_graph_bytes": 0, "kv_cache_bytes": 4175758336,
+  "kv_cache_tokens": 31856, "kv_bytes_per_token": 131072, "block_size": 16, "max_concurrency": 1.59,
+  "fits": true, "vllm_args": [], "warnings": []}"#;
+
+#[test]
+fn compares_a_successful_start_with_a_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, PLAN_JSON).unwrap();
+    let log = logs_dir().join("vllm-v0-profile-20k-ok.log");
+    let out = bin()
+        .args(["doctor", "--format", "json", "--compare-plan"])
+        .arg(&plan)
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["plan_comparison"].as_array().unwrap();
+    let row = |item: &str| {
+        rows.iter()
+            .find(|r| r["item"] == item)
+            .unwrap_or_else(|| panic!("no {item} row"))
+    };
+    // The log says "Loading model weights took 14.9888 GB"; the plan says 16060522496 B = 14.9574 GiB.
+    let w = row("weights_gib");
+    assert!(close(w["measured"].as_f64().unwrap(), 14.9888));
+    assert!(
+        (w["difference"].as_f64().unwrap() - (16_060_522_496.0 / 1073741824.0 - 14.9888)).abs()
+            < 1e-9
+    );
+    assert_eq!(row("kv_tokens")["measured"], 31232.0);
+    assert_eq!(row("kv_tokens")["predicted"], 31856.0);
+    assert_eq!(row("gpu_blocks")["predicted"], 1991.0);
+    assert!(close(
+        row("kv_bytes_per_token")["predicted"].as_f64().unwrap(),
+        131_072.0
+    ));
+    let table = bin()
+        .args(["doctor", "--compare-plan"])
+        .arg(&plan)
+        .arg(&log)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(text.contains("log vs `headroom plan`"), "{text}");
+}
+
+#[test]
+fn a_bad_plan_or_a_log_without_figures_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "not json").unwrap();
+    let log = logs_dir().join("vllm-v0-profile-20k-ok.log");
+    let out = bin()
+        .args(["doctor", "--compare-plan"])
+        .arg(&bad)
+        .arg(&log)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let good = dir.path().join("plan.json");
+    std::fs::write(&good, PLAN_JSON).unwrap();
+    let no_figures = logs_dir().join("vllm-no-cuda-gpus.log");
+    let out = bin()
+        .args(["doctor", "--compare-plan"])
+        .arg(&good)
+        .arg(&no_figures)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no vLLM memory figures"));
+}
+
+#[test]
+fn plans_the_logged_settings_and_compares_them() {
+    // Llama-3.1-8B on an RTX 3090 at 20,000 tokens (vLLM #10517, V0: no chunked prefill, so the
+    // profiling batch is the whole 20,000-token sequence).
+    let log = logs_dir().join("vllm-v0-profile-20k-ok.log");
+    let out = bin()
+        .args([
+            "doctor",
+            "--format",
+            "json",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--max-num-batched-tokens",
+            "20000",
+        ])
+        .arg(&log)
+        .env("HF_HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["plan_comparison"].as_array().unwrap();
+    let rel = |item: &str| {
+        rows.iter()
+            .find(|r| r["item"] == item)
+            .unwrap_or_else(|| panic!("no {item} row"))["relative"]
+            .as_f64()
+            .unwrap()
+    };
+    // The planner reproduces vLLM's own figures for the settings the log shows.
+    assert!(rel("budget_gib").abs() < 1e-9);
+    assert!(rel("weights_gib").abs() < 0.01);
+    assert!(rel("activation_peak_gib").abs() < 0.05);
+    assert!(rel("kv_cache_gib").abs() < 0.08, "{}", rel("kv_cache_gib"));
+    assert!(rel("kv_tokens").abs() < 0.08);
+    assert!(rel("max_concurrency").abs() < 0.08);
+}
