@@ -1,23 +1,28 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
 pub mod plan;
+pub mod serve;
 
 use std::process::ExitCode;
 
 /// Bad input or an unusable environment.
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// A plan that does not fit the card.
+#[allow(dead_code)] // used by `plan` on main
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
     Plan(plan::PlanArgs),
+    /// Run the OpenAI-compatible gateway with audio and text lanes.
+    Serve(serve::ServeArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 

@@ -2,3 +2,5 @@
 //! on 127.0.0.1.
 
 mod plan;
+mod serve;
+mod serve_upstream;
