@@ -237,6 +237,15 @@ async fn ten_concurrent_requests_on_a_two_slot_lane_give_two_served_and_eight_42
         .await,
         Some(8.0)
     );
+    // TTFT, duration and queue wait were measured for the two served streams.
+    for series in [
+        "headroom_ttft_seconds_count{lane=\"text\"}",
+        "headroom_request_duration_seconds_count{lane=\"text\"}",
+        "headroom_queue_wait_seconds_count{lane=\"text\"}",
+        "headroom_requests_total{lane=\"text\",outcome=\"ok\"}",
+    ] {
+        assert_eq!(metric(&c, &b, series).await, Some(2.0), "{series}");
+    }
     let s = admin(&c, &b).await;
     let t = lane(&s, "text");
     assert_eq!(
@@ -874,7 +883,16 @@ async fn a_thousand_rounds_of_mixed_faults_leave_every_gauge_at_zero() {
 }
 
 /// (name, method, url, content type, body, status, code, param)
-type BadInput<'a> = (&'a str, &'a str, String, &'a str, Vec<u8>, u16, &'a str, Option<&'a str>);
+type BadInput<'a> = (
+    &'a str,
+    &'a str,
+    String,
+    &'a str,
+    Vec<u8>,
+    u16,
+    &'a str,
+    Option<&'a str>,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serving() {
@@ -1089,6 +1107,10 @@ async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serv
             "after {name}"
         );
     }
+    let huge = "h".repeat(20_000);
+    let r = chat(&c, &b, "big-header", &[("x-big", huge.as_str())], false).await;
+    assert_eq!(r.status(), 431);
+    assert_eq!(json_of(r).await["error"]["code"], "headers_too_large");
     let r = chat(&c, &b, "lane", &[("x-headroom-lane", "nope")], false).await;
     assert_eq!(r.status(), 400);
     assert_eq!(json_of(r).await["error"]["param"], "x-headroom-lane");
@@ -1632,6 +1654,101 @@ async fn the_official_openai_python_client_streams_and_transcribes_through_the_g
         t.body_len > 24_000,
         "audio upload was not forwarded whole: {} bytes",
         t.body_len
+    );
+    g.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_leaves_a_non_streaming_request_aborts_the_upstream() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let g = gateway(&text_lane(&up, "max_inflight = 1")).await;
+    let (c, b) = (client(), base(&g));
+    let request = chat(&c, &b, "slow", &[("x-test-delay-ms", "3000")], false);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), request)
+            .await
+            .is_err()
+    );
+    let left = Instant::now();
+    let s = up
+        .log
+        .wait_ended("slow", Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(s.cancelled, "the upstream finished the abandoned request");
+    let after = s.ended.unwrap() - left;
+    assert!(
+        after < Duration::from_millis(100),
+        "upstream saw the abort {after:?} after the client left"
+    );
+    let s = wait_lane(&c, &b, "text", Duration::from_secs(1), |l| {
+        l["inflight"] == 0
+    })
+    .await;
+    assert_eq!(lane(&s, "text")["inflight"], 0);
+    g.shutdown().await.unwrap();
+}
+
+/// A GPU whose free memory the test sets.
+struct TestGpu(std::sync::atomic::AtomicU64);
+
+impl headroom_gpu::GpuProbe for TestGpu {
+    fn snapshot(&self) -> Result<Vec<headroom_gpu::DeviceSnapshot>, headroom_gpu::ProbeError> {
+        let free = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        let total = 24u64 << 30;
+        Ok(vec![headroom_gpu::DeviceSnapshot {
+            index: 0,
+            name: "test gpu".into(),
+            uuid: "GPU-test".into(),
+            total_bytes: total,
+            used_bytes: total - free,
+            free_bytes: free,
+            reserved_bytes: 0,
+            utilization_percent: None,
+            mig_enabled: None,
+            processes: vec![],
+        }])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\nscrape_interval = \"50ms\"\n{}",
+        audio_lane(
+            &up,
+            "max_inflight = 4\ngpu_memory_per_job = \"1GiB\"\ngpu_memory_per_audio_second = \"100MiB\"\ngpu_memory_margin = \"512MiB\""
+        )
+    );
+    let gpu = std::sync::Arc::new(TestGpu(std::sync::atomic::AtomicU64::new(2 << 30)));
+    let config = ServeConfig::from_toml(&toml).unwrap();
+    let g = headroom_server::spawn(config, Some(gpu.clone()))
+        .await
+        .unwrap();
+    let (c, b) = (client(), base(&g));
+    let send = |secs: f64| {
+        let (ct, body) = multipart_body(Some(&wav(secs)), "whisper-1");
+        c.post(format!("{b}/v1/audio/transcriptions"))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+    };
+    // 2 GiB free: 1 GiB + 5 s x 100 MiB + 512 MiB fits; 1 GiB + 6 s x 100 MiB + 512 MiB does not.
+    assert_eq!(send(5.0).await.unwrap().status(), 200);
+    let r = send(6.0).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(json_of(r).await["error"]["code"], "gpu_memory");
+    gpu.0.store(4 << 30, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(send(6.0).await.unwrap().status(), 200);
+    // The sampler publishes memory in use.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        metric(&c, &b, "headroom_gpu_memory_used_bytes{gpu=\"0\"}").await,
+        Some((20u64 << 30) as f64)
     );
     g.shutdown().await.unwrap();
 }
