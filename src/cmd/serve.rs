@@ -47,6 +47,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let mut config =
         ServeConfig::from_toml(&text).with_context(|| format!("config {}", path.display()))?;
+    // Tokenizer paths in the file are relative to the file.
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    for lane in &mut config.lanes {
+        if let Some(t) = &lane.tokenizer_path
+            && t.is_relative()
+        {
+            lane.tokenizer_path = Some(base.join(t));
+        }
+    }
     if let Some(listen) = args.listen {
         if !listen.ip().is_loopback() && config.api_keys.is_empty() {
             anyhow::bail!(
@@ -66,6 +75,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
                     lane.spec.name
                 );
             }
+        }
+    }
+    for lane in &mut config.lanes {
+        if let Some(t) = &lane.tokenizer_path {
+            lane.tokenizer =
+                Some(headroom_server::tokens::TokenCounter::load(t).map_err(anyhow::Error::msg)?);
         }
     }
     if args.check {

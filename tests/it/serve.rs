@@ -1752,3 +1752,44 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
     );
     g.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_input_tokens_counts_with_the_configured_tokenizer() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tok = dir.path().join("tokenizer.json");
+    std::fs::write(&tok, headroom_server::tokens::TEST_TOKENIZER_JSON).unwrap();
+    // "a b c d e f g h" is 15 characters: about 4 tokens by the estimate, 8 by the tokenizer.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "a b c d e f g h"}]})
+        .to_string();
+    let post = |c: &reqwest::Client, b: &str| {
+        c.post(format!("{b}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    let estimated = gateway(&text_lane(&up, "max_inflight = 1\nmax_input_tokens = 6")).await;
+    let (c, b) = (client(), base(&estimated));
+    assert_eq!(post(&c, &b).await.unwrap().status(), 200);
+    estimated.shutdown().await.unwrap();
+    let counted = gateway(&text_lane(
+        &up,
+        &format!(
+            "max_inflight = 1\nmax_input_tokens = 6\ntokenizer = \"{}\"",
+            tok.display()
+        ),
+    ))
+    .await;
+    let b = base(&counted);
+    let r = post(&c, &b).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let v = json_of(r).await;
+    assert_eq!(v["error"]["code"], "input_too_long");
+    assert_eq!(v["error"]["param"], "messages");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("8 tokens"),
+        "{v}"
+    );
+    counted.shutdown().await.unwrap();
+}

@@ -202,6 +202,8 @@ struct Inspected {
     has_audio: bool,
     audio_seconds: Option<f64>,
     input_tokens: u64,
+    texts: Vec<String>,
+    token_ids: u64,
     max_tokens: Option<(&'static str, u64)>,
     json: Option<Value>,
     audio_param: &'static str,
@@ -239,6 +241,8 @@ fn inspect(route: Route, headers: &HeaderMap, body: &[u8]) -> Result<Inspected, 
             has_audio: r.has_audio,
             audio_seconds: r.audio_seconds,
             input_tokens: r.input_tokens_estimate,
+            texts: r.texts,
+            token_ids: r.token_ids,
             max_tokens: r.max_tokens,
             json: Some(r.value),
             audio_param: "messages",
@@ -294,6 +298,8 @@ fn inspect(route: Route, headers: &HeaderMap, body: &[u8]) -> Result<Inspected, 
         has_audio: true,
         audio_seconds: seconds,
         input_tokens: 0,
+        texts: Vec::new(),
+        token_ids: 0,
         max_tokens: None,
         json: None,
         audio_param: "file",
@@ -427,18 +433,43 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
     if bytes.len() as u64 > lane.max_body_bytes {
         return Err(too_large(lane.max_body_bytes));
     }
-    if let Some(max) = lane.max_input_tokens
-        && seen.input_tokens > max
-    {
-        return Err(ApiError::bad_request(
-            "input_too_long",
-            Some(seen.input_param),
-            format!(
-                "input is about {} tokens (estimated as characters / {}), over this lane's limit of {max}",
+    if let Some(max) = lane.max_input_tokens {
+        let (tokens, how) = match &lane.tokenizer {
+            Some(counter) => {
+                let (counter, texts) = (counter.clone(), seen.texts.clone());
+                let counted = tokio::task::spawn_blocking(move || counter.count(&texts))
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                match counted {
+                    Ok(n) => (
+                        n + seen.token_ids,
+                        "counted with the lane's tokenizer".to_string(),
+                    ),
+                    Err(_) => (
+                        seen.input_tokens,
+                        format!(
+                            "estimated as characters / {}",
+                            crate::inspect::CHARS_PER_TOKEN
+                        ),
+                    ),
+                }
+            }
+            None => (
                 seen.input_tokens,
-                crate::inspect::CHARS_PER_TOKEN
+                format!(
+                    "estimated as characters / {}",
+                    crate::inspect::CHARS_PER_TOKEN
+                ),
             ),
-        ));
+        };
+        if tokens > max {
+            return Err(ApiError::bad_request(
+                "input_too_long",
+                Some(seen.input_param),
+                format!("input is {tokens} tokens ({how}), over this lane's limit of {max}"),
+            ));
+        }
     }
     if let Some(max) = lane.max_audio_seconds
         && seen.has_audio

@@ -59,6 +59,10 @@ pub struct LaneConfig {
     pub chat_audio: bool,
     pub max_body_bytes: u64,
     pub max_input_tokens: Option<u64>,
+    /// `tokenizer.json` used to count input tokens exactly (else the characters / 4 estimate).
+    pub tokenizer_path: Option<std::path::PathBuf>,
+    /// The loaded tokenizer (filled when the gateway starts).
+    pub tokenizer: Option<crate::tokens::TokenCounter>,
     pub max_output_tokens: Option<u64>,
     pub output_tokens_mode: OutputTokensMode,
     pub max_audio_seconds: Option<f64>,
@@ -119,6 +123,7 @@ struct RawLane {
     max_yield: Option<String>,
     max_body_bytes: Option<toml::Value>,
     max_input_tokens: Option<i64>,
+    tokenizer: Option<String>,
     max_output_tokens: Option<i64>,
     output_tokens_mode: Option<String>,
     max_audio_seconds: Option<f64>,
@@ -517,6 +522,8 @@ fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
         chat_audio: raw.chat_audio,
         max_body_bytes: bytes("max_body_bytes", &raw.max_body_bytes)?.unwrap_or(DEFAULT_MAX_BODY),
         max_input_tokens: positive("max_input_tokens", raw.max_input_tokens)?,
+        tokenizer_path: raw.tokenizer.map(std::path::PathBuf::from),
+        tokenizer: None,
         max_output_tokens: positive("max_output_tokens", raw.max_output_tokens)?,
         output_tokens_mode,
         max_audio_seconds: raw.max_audio_seconds,
@@ -589,7 +596,8 @@ fallback = "rule-based-cleanup"        # chat answered by the rule-based transcr
 yield_to = ["audio"]                   # admit nothing new while audio has work...
 max_yield = "2s"                       # ...for at most this long, so text never starves
 max_body_bytes = "1MiB"
-max_input_tokens = 8192                # estimated as characters / 4 (no tokenizer loaded)
+max_input_tokens = 8192                # counted with `tokenizer`, else estimated as characters / 4
+# tokenizer = "/models/llm/tokenizer.json"  # the model's tokenizer.json (relative: to this file)
 max_output_tokens = 1024
 output_tokens_mode = "cap"             # cap: lower max_tokens to the cap; reject: answer 400
 engine = "vllm"                        # vllm | llamacpp: read its /metrics for admission

@@ -31,8 +31,12 @@ pub struct JsonRequest {
     /// Seconds of audio inside chat messages, when any is carried.
     pub audio_seconds: Option<f64>,
     pub has_audio: bool,
-    /// Estimated input tokens (characters / [`CHARS_PER_TOKEN`], rounded up).
+    /// Estimated input tokens (characters / [`CHARS_PER_TOKEN`], rounded up, plus token ids).
     pub input_tokens_estimate: u64,
+    /// The input texts (message contents, prompt, speech input) for exact counting.
+    pub texts: Vec<String>,
+    /// Input given as token ids (completions prompts), counted as is.
+    pub token_ids: u64,
     /// The field carrying the output-token ask and its value.
     pub max_tokens: Option<(&'static str, u64)>,
 }
@@ -183,7 +187,8 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             },
         }
     }
-    let mut chars = 0usize;
+    let mut texts: Vec<String> = Vec::new();
+    let mut token_ids = 0u64;
     let mut audio_total: Option<f64> = None;
     let mut has_audio = false;
     match route {
@@ -208,11 +213,11 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             };
             for m in messages {
                 match m.get("content") {
-                    Some(Value::String(s)) => chars += s.chars().count(),
+                    Some(Value::String(s)) => texts.push(s.clone()),
                     Some(Value::Array(parts)) => {
                         for part in parts {
                             if let Some(t) = part.get("text").and_then(Value::as_str) {
-                                chars += t.chars().count();
+                                texts.push(t.to_string());
                             }
                             if let Some(blob) = chat_audio_blob(part) {
                                 has_audio = true;
@@ -227,21 +232,21 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             }
         }
         JsonRoute::Completions => match obj.get("prompt") {
-            Some(Value::String(s)) => chars += s.chars().count(),
+            Some(Value::String(s)) => texts.push(s.clone()),
             Some(Value::Array(items)) => {
                 for i in items {
                     if let Some(s) = i.as_str() {
-                        chars += s.chars().count();
+                        texts.push(s.to_string());
                     } else {
                         // Token-id prompts: count the ids themselves.
-                        chars += i.as_array().map(|a| a.len()).unwrap_or(1) * CHARS_PER_TOKEN;
+                        token_ids += i.as_array().map(|a| a.len()).unwrap_or(1) as u64;
                     }
                 }
             }
             _ => {}
         },
         JsonRoute::Speech => match obj.get("input") {
-            Some(Value::String(s)) => chars += s.chars().count(),
+            Some(Value::String(s)) => texts.push(s.clone()),
             _ => {
                 return Err(ApiError::bad_request(
                     "missing_field",
@@ -256,10 +261,18 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
         stream,
         audio_seconds: audio_total,
         has_audio,
-        input_tokens_estimate: chars.div_ceil(CHARS_PER_TOKEN) as u64,
+        input_tokens_estimate: estimate_tokens(&texts) + token_ids,
+        texts,
+        token_ids,
         max_tokens,
         value,
     })
+}
+
+/// The stated estimate used without a tokenizer: characters / [`CHARS_PER_TOKEN`], rounded up.
+pub fn estimate_tokens(texts: &[String]) -> u64 {
+    let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+    chars.div_ceil(CHARS_PER_TOKEN) as u64
 }
 
 /// The text the cleanup fallback works on: the last user message's text.

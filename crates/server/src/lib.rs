@@ -12,6 +12,7 @@ pub mod multipart;
 pub mod proxy;
 pub mod scrape;
 pub mod telemetry;
+pub mod tokens;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,6 +41,8 @@ pub enum ServeError {
     Gate(#[from] headroom_gate::GateError),
     #[error("cannot build the upstream HTTP client: {0}")]
     Client(String),
+    #[error("{0}")]
+    Tokenizer(String),
     #[error("server failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -53,9 +56,15 @@ pub struct Gateway {
 impl Gateway {
     /// Builds the gate, the upstream client and the metrics registry.
     pub fn new(
-        config: ServeConfig,
+        mut config: ServeConfig,
         probe: Option<Arc<dyn GpuProbe>>,
     ) -> Result<Gateway, ServeError> {
+        for lane in &mut config.lanes {
+            if let (Some(path), None) = (&lane.tokenizer_path, &lane.tokenizer) {
+                lane.tokenizer =
+                    Some(tokens::TokenCounter::load(path).map_err(ServeError::Tokenizer)?);
+            }
+        }
         let gate = Gate::new(
             config.lane_specs(),
             config.max_inflight_total,
