@@ -1793,3 +1793,142 @@ async fn max_input_tokens_counts_with_the_configured_tokenizer() {
     );
     counted.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deadlines_end_requests_with_504_or_a_final_error_event() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let g = gateway(&text_lane(
+        &up,
+        "max_inflight = 2\nrequest_timeout = \"300ms\"",
+    ))
+    .await;
+    let (c, b) = (client(), base(&g));
+    // Before the response starts: 504.
+    let started = Instant::now();
+    let r = chat(
+        &c,
+        &b,
+        "slow-headers",
+        &[("x-test-delay-ms", "2000")],
+        false,
+    )
+    .await;
+    assert_eq!(r.status(), 504);
+    assert!(started.elapsed() < Duration::from_millis(1000));
+    assert_eq!(json_of(r).await["error"]["code"], "deadline");
+    // The client's own shorter deadline header wins.
+    let started = Instant::now();
+    let r = chat(
+        &c,
+        &b,
+        "client-deadline",
+        &[
+            ("x-test-delay-ms", "2000"),
+            ("x-headroom-timeout-ms", "100"),
+        ],
+        false,
+    )
+    .await;
+    assert_eq!(r.status(), 504);
+    assert!(
+        started.elapsed() < Duration::from_millis(290),
+        "{:?}",
+        started.elapsed()
+    );
+    // Mid-stream: a final error event, and the upstream is cancelled.
+    let r = chat(
+        &c,
+        &b,
+        "slow-stream",
+        &[("x-test-chunks", "40"), ("x-test-interval-ms", "50")],
+        true,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let v: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "deadline", "{text}");
+    let s = up
+        .log
+        .wait_ended("slow-stream", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(s.cancelled);
+    assert_eq!(
+        metric(
+            &c,
+            &b,
+            "headroom_requests_total{lane=\"text\",outcome=\"deadline\"}"
+        )
+        .await,
+        Some(3.0)
+    );
+    let s = wait_lane(&c, &b, "text", Duration::from_secs(1), |l| {
+        l["inflight"] == 0
+    })
+    .await;
+    assert_eq!(lane(&s, "text")["inflight"], 0);
+    g.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_inflight_total_caps_all_lanes_on_the_device_together() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let toml = format!(
+        "{}{}",
+        text_lane(&up, "max_inflight = 2\npolicy = \"reject\"").replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\nmax_inflight_total = 2"
+        ),
+        audio_lane(
+            &up,
+            "max_inflight = 2\nmax_queue = 2\npolicy = \"queue\"\nqueue_timeout = \"3s\"\npriority = 10"
+        )
+    );
+    let g = gateway(&toml).await;
+    let (c, b) = (client(), base(&g));
+    let mut holders = Vec::new();
+    for i in 0..2 {
+        let (c, b) = (c.clone(), b.clone());
+        holders.push(tokio::spawn(async move {
+            chat(
+                &c,
+                &b,
+                &format!("h{i}"),
+                &[("x-test-chunks", "1"), ("x-test-interval-ms", "400")],
+                false,
+            )
+            .await
+            .status()
+        }));
+    }
+    wait_lane(&c, &b, "text", Duration::from_secs(1), |l| {
+        l["inflight"] == 2
+    })
+    .await;
+    // The device is full: audio waits in its queue (its own lane has room).
+    let (c2, b2) = (c.clone(), b.clone());
+    let sent = Instant::now();
+    let audio =
+        tokio::spawn(async move { transcribe(&c2, &b2, "audio-capped", 10).await.status() });
+    let s = wait_lane(&c, &b, "audio", Duration::from_secs(1), |l| {
+        l["queued"] == 1
+    })
+    .await;
+    assert_eq!(s["total_inflight"], 2);
+    assert_eq!(s["max_inflight_total"], 2);
+    // When a text request ends, the waiting audio request takes the freed device slot.
+    for h in holders {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    assert_eq!(audio.await.unwrap(), 200);
+    let a = up.log.get("audio-capped").unwrap();
+    assert!(
+        a.started - sent >= Duration::from_millis(300),
+        "audio ran before a device slot freed"
+    );
+    g.shutdown().await.unwrap();
+}

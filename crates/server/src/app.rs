@@ -411,8 +411,26 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
     {
         return Err(too_large(read_cap).closing());
     }
-    let bytes: Bytes = axum::body::to_bytes(body, read_cap.min(usize::MAX as u64) as usize)
+    // A slow upload may not hold the connection longer than the request could run.
+    let read_deadline = match named {
+        Some(i) => s.config.lanes[i].spec.request_timeout,
+        None => candidates
+            .iter()
+            .map(|(_, l)| l.spec.request_timeout)
+            .max()
+            .unwrap_or_default(),
+    };
+    let read = axum::body::to_bytes(body, read_cap.min(usize::MAX as u64) as usize);
+    let bytes: Bytes = tokio::time::timeout(read_deadline, read)
         .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                "the request body did not arrive in time",
+            )
+            .closing()
+        })?
         .map_err(|e| {
             let text = e.to_string();
             if text.contains("length limit") {

@@ -27,6 +27,8 @@ const HOP_BY_HOP: &[&str] = &[
     "trailers",
     "transfer-encoding",
     "upgrade",
+    // The gateway has already read the body; the upstream gets it whole.
+    "expect",
 ];
 
 fn connection_listed(headers: &HeaderMap) -> Vec<String> {
