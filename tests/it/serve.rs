@@ -1534,7 +1534,7 @@ async fn the_binary_serves_the_minimal_config_and_exits_on_sigterm() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigterm_lets_an_inflight_stream_finish_and_refuses_new_work() {
+async fn sigterm_lets_an_inflight_stream_finish_then_stops_accepting() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -1941,4 +1941,57 @@ async fn max_inflight_total_caps_all_lanes_on_the_device_together() {
         "audio ran before a device slot freed"
     );
     g.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_stops_waiting_for_inflight_work_after_the_grace_period() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("headroom.toml");
+    std::fs::write(
+        &path,
+        text_lane(&up, "max_inflight = 2").replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\nshutdown_grace = \"300ms\"",
+        ),
+    )
+    .unwrap();
+    let (mut child, addr) = start_binary(&path, &[]);
+    let c = client();
+    let b = format!("http://{addr}");
+    // A stream that would take 5 s.
+    let r = chat(
+        &c,
+        &b,
+        "too-long",
+        &[("x-test-chunks", "100"), ("x-test-interval-ms", "50")],
+        true,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let signalled = std::time::Instant::now();
+    sigterm(&child);
+    let status = wait_exit(&mut child, Duration::from_secs(5));
+    let took = signalled.elapsed();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(3),
+        "exited {took:?} after SIGTERM with a 300 ms grace"
+    );
+    assert!(
+        !r.text()
+            .await
+            .unwrap_or_default()
+            .ends_with("data: [DONE]\n\n")
+    );
+    let s = up
+        .log
+        .wait_ended("too-long", Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        s.cancelled,
+        "the upstream kept generating after the gateway exited"
+    );
 }
