@@ -1117,6 +1117,15 @@ async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serv
             "after {name}"
         );
     }
+    assert_eq!(
+        metric(
+            &c,
+            &b,
+            "headroom_bad_requests_total{code=\"audio_too_long\"}"
+        )
+        .await,
+        Some(1.0)
+    );
     let huge = "h".repeat(20_000);
     let r = chat(&c, &b, "big-header", &[("x-big", huge.as_str())], false).await;
     assert_eq!(r.status(), 431);
