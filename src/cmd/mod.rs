@@ -2,6 +2,7 @@
 
 pub mod doctor;
 pub mod plan;
+pub mod serve;
 pub mod top;
 
 use std::process::ExitCode;
@@ -15,6 +16,8 @@ pub const EXIT_DOES_NOT_FIT: u8 = 3;
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
     Plan(Box<plan::PlanArgs>),
+    /// Run the OpenAI-compatible gateway with audio and text lanes.
+    Serve(serve::ServeArgs),
     /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
     Top(top::TopArgs),
     /// Read an engine log, name the memory limit that was crossed and compute the fix.
@@ -24,6 +27,7 @@ pub enum Command {
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(*args),
+        Command::Serve(args) => serve::run(args),
         Command::Top(args) => top::run(args),
         Command::Doctor(args) => doctor::run(args),
     }

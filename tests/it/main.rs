@@ -3,4 +3,6 @@
 
 mod doctor;
 mod plan;
+mod serve;
+mod serve_upstream;
 mod top;
