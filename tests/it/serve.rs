@@ -1620,7 +1620,9 @@ fn serve_refuses_bad_configs_with_one_line_and_exit_2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_official_openai_python_client_streams_and_transcribes_through_the_gateway() {
     let _serial = SERIAL.lock().await;
-    let has_openai = std::process::Command::new("python3")
+    // scripts/test.sh points this at the venv scripts/backends.sh installs.
+    let python = std::env::var("HEADROOM_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let has_openai = std::process::Command::new(&python)
         .args(["-c", "import openai"])
         .output()
         .map(|o| o.status.success())
@@ -1631,7 +1633,7 @@ async fn the_official_openai_python_client_streams_and_transcribes_through_the_g
             "HEADROOM_REQUIRE_PY is set but the `openai` Python package is missing"
         );
         eprintln!(
-            "SKIPPED: the `openai` Python package is not installed (bash .ci/run installs it)"
+            "SKIPPED: the `openai` Python package is not installed (scripts/test.sh installs it)"
         );
         return;
     }
@@ -1646,7 +1648,7 @@ async fn the_official_openai_python_client_streams_and_transcribes_through_the_g
     let audio = dir.path().join("hello.wav");
     std::fs::write(&audio, wav(1.5)).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/openai_client.py");
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(&python)
         .arg(script)
         .arg(format!("{}/v1", base(&g)))
         .arg(&audio)
