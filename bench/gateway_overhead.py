@@ -8,6 +8,7 @@ headroom / nginx. Run through bench/gateway-overhead.sh.
 
 import argparse
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -105,6 +106,7 @@ def main() -> None:
     args = ap.parse_args()
 
     prefix = tempfile.mkdtemp(prefix="headroom-overhead-")
+    os.chmod(prefix, 0o755)  # nginx workers run as an unprivileged user
     upstream, proxy, gateway = free_port(), free_port(), free_port()
     conf = pathlib.Path(prefix) / "nginx.conf"
     conf.write_text(NGINX.format(prefix=prefix, upstream=upstream, proxy=proxy, answer=ANSWER))

@@ -180,6 +180,7 @@ http {{
   uwsgi_temp_path {prefix}/uwsgi;
   scgi_temp_path {prefix}/scgi;
   client_max_body_size 50m;
+  client_body_buffer_size 50m;
   upstream text {{ least_conn; server {llama}; }}
   upstream audio {{ least_conn; server {whisper}; }}
   server {{
@@ -198,6 +199,7 @@ http {{
 def start_nginx(llama: str, whisper: str):
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     prefix = tempfile.mkdtemp(prefix="headroom-nginx-")
+    os.chmod(prefix, 0o755)  # nginx workers run as an unprivileged user
     port = free_port()
     conf = pathlib.Path(prefix) / "nginx.conf"
     conf.write_text(

@@ -164,29 +164,12 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     Duration::try_from_secs_f64(secs).ok()
 }
 
-/// Parses a byte size: an integer, or a string like `25MiB`, `512KiB`, `2GiB`, `10MB`.
+/// Parses a byte size: an integer, or a string like `25MiB`, `512KiB`, `2GiB`, `10MB` (the same
+/// spellings `headroom plan` takes).
 pub fn parse_bytes(value: &toml::Value) -> Option<u64> {
     match value {
         toml::Value::Integer(i) if *i >= 0 => Some(*i as u64),
-        toml::Value::String(s) => {
-            let t = s.trim();
-            let split = t
-                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .unwrap_or(t.len());
-            let num: f64 = t[..split].parse().ok()?;
-            let mult: f64 = match t[split..].trim() {
-                "" | "B" => 1.0,
-                "KB" | "kB" => 1e3,
-                "MB" => 1e6,
-                "GB" => 1e9,
-                "KiB" => 1024.0,
-                "MiB" => 1024.0 * 1024.0,
-                "GiB" => 1024.0 * 1024.0 * 1024.0,
-                _ => return None,
-            };
-            let bytes = num * mult;
-            (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
-        }
+        toml::Value::String(s) => headroom_plan::units::parse_size(s).ok(),
         _ => None,
     }
 }
