@@ -30,7 +30,7 @@ pub struct DeviceSnapshot {
 }
 
 /// Why a probe could not answer.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProbeError {
     /// No NVIDIA driver or library on this machine; the string is the loader's reason.
@@ -59,4 +59,50 @@ impl ProbeError {
 pub trait GpuProbe: Send + Sync {
     /// Every visible device, in index order.
     fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError>;
+}
+
+impl DeviceSnapshot {
+    /// A device with `total_bytes` of memory of which `used_bytes` are in use and no processes; the
+    /// rest of the fields take neutral values. Handy for tests and replays.
+    pub fn with_memory(index: u32, total_bytes: u64, used_bytes: u64) -> Self {
+        DeviceSnapshot {
+            index,
+            name: format!("GPU {index}"),
+            uuid: String::new(),
+            total_bytes,
+            used_bytes,
+            free_bytes: total_bytes.saturating_sub(used_bytes),
+            reserved_bytes: 0,
+            utilization_percent: None,
+            mig_enabled: None,
+            processes: Vec::new(),
+        }
+    }
+
+    /// Memory in use by the device's processes and the driver minus what the driver reserves for
+    /// itself: the number a floor comparison should use.
+    pub fn used_without_reserved(&self) -> u64 {
+        self.used_bytes.saturating_sub(self.reserved_bytes)
+    }
+
+    /// Memory held by one process on this device, if it appears in the process list.
+    pub fn process_used_bytes(&self, pid: u32) -> Option<u64> {
+        self.processes
+            .iter()
+            .filter(|p| p.pid == pid)
+            .map(|p| p.used_bytes)
+            .reduce(|a, b| a + b)
+    }
+}
+
+impl<P: GpuProbe + ?Sized> GpuProbe for std::sync::Arc<P> {
+    fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError> {
+        (**self).snapshot()
+    }
+}
+
+impl<P: GpuProbe + ?Sized> GpuProbe for Box<P> {
+    fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError> {
+        (**self).snapshot()
+    }
 }
