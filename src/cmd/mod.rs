@@ -1,6 +1,8 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
+pub mod bench;
 pub mod plan;
+pub mod soak;
 
 use std::process::ExitCode;
 
@@ -13,11 +15,17 @@ pub const EXIT_DOES_NOT_FIT: u8 = 3;
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
     Plan(plan::PlanArgs),
+    /// Drive load at an OpenAI-compatible endpoint; measure TTFT, ITL, E2E and GPU memory.
+    Bench(bench::BenchArgs),
+    /// Repeat a bench workload in rounds and judge whether memory or throughput drifts.
+    Soak(soak::SoakArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Soak(args) => soak::run(args),
     }
 }
 
