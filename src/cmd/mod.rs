@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod plan;
+pub mod serve;
 pub mod soak;
 
 use std::process::ExitCode;
@@ -9,6 +10,7 @@ use std::process::ExitCode;
 /// Bad input or an unusable environment.
 pub const EXIT_BAD_INPUT: u8 = 2;
 /// A plan that does not fit the card.
+#[allow(dead_code)] // used by `plan` on main
 pub const EXIT_DOES_NOT_FIT: u8 = 3;
 
 #[derive(Debug, clap::Subcommand)]
@@ -19,6 +21,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Repeat a bench workload in rounds and judge whether memory or throughput drifts.
     Soak(soak::SoakArgs),
+    /// Run the OpenAI-compatible gateway with audio and text lanes.
+    Serve(serve::ServeArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -26,6 +30,7 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Plan(args) => plan::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 

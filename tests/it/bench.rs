@@ -1131,3 +1131,48 @@ fn soak_verdict_is_no_leak_for_a_plateau_and_history_spans_runs() {
         "no_leak"
     );
 }
+
+/// 429s from a real `headroom serve` gateway (in-process, two slots, no queue, reject policy) in
+/// front of the fake engine: each one is counted as `http_429`, apart from errors, and the ok
+/// count matches what the engine served.
+#[test]
+fn http_429_from_a_saturated_headroom_serve_gateway() {
+    let _serial = serial();
+    let engine = start(Mode::Normal, Duration::from_millis(150), None);
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\", \"/v1/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 2\nmax_queue = 0\npolicy = \"reject\"\n",
+        engine.url()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let gateway = rt.block_on(async {
+        let config = headroom_server::ServeConfig::from_toml(&toml).expect("valid gateway config");
+        headroom_server::spawn(config, None)
+            .await
+            .expect("gateway starts")
+    });
+    let url = format!("http://{}", gateway.addr);
+    let r = bench_json(&[
+        "--url",
+        &url,
+        "--model",
+        "fake-model",
+        "--no-stream",
+        "--concurrency",
+        "6",
+        "--requests",
+        "60",
+    ]);
+    let served = engine.fake.ok.load(Ordering::SeqCst);
+    let rejected = u(&r, "/outcomes/http_429");
+    eprintln!("gateway: {served} served, {rejected} answered 429");
+    assert!(rejected > 0, "the gateway never said 429: {r}");
+    assert_eq!(u(&r, "/outcomes/ok"), served);
+    assert_eq!(u(&r, "/outcomes/other_error"), 0, "{}", r["errors"]);
+    assert_eq!(served + rejected, 60);
+    assert_eq!(
+        engine.fake.received.load(Ordering::SeqCst),
+        served,
+        "429s never reach the engine"
+    );
+    drop(gateway);
+}

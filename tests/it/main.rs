@@ -3,3 +3,5 @@
 
 mod bench;
 mod plan;
+mod serve;
+mod serve_upstream;

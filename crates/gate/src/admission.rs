@@ -1,0 +1,1014 @@
+//! Admission: the one lock that holds every lane's in-flight count and queue, the decision whether a
+//! request may start, FIFO queues with timeouts and cancellation, and [`Permit`]s that give their
+//! slot back exactly once when dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use headroom_gpu::GpuProbe;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
+use crate::pressure::EngineLoad;
+
+/// How often queued requests re-check time- and pressure-based conditions (yield expiry, GPU
+/// memory, engine load) that no release event announces.
+const RECHECK_INTERVAL: Duration = Duration::from_millis(20);
+/// Service time assumed before a lane has finished any request.
+const DEFAULT_SERVICE_TIME: Duration = Duration::from_secs(1);
+/// Weight of the newest sample in the service-time moving average.
+const SERVICE_EWMA_ALPHA: f64 = 0.2;
+/// Longest Retry-After the gate suggests.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// What admission needs to know about one request.
+#[derive(Debug, Clone, Default)]
+pub struct AdmitRequest {
+    /// Seconds of input audio, when known (for GPU memory per audio second).
+    pub audio_seconds: Option<f64>,
+    /// Latest instant the request may still be waiting in the queue (client deadline).
+    pub wait_until: Option<Instant>,
+}
+
+/// The gateway core: lanes, their queues and the shared device cap.
+#[derive(Clone)]
+pub struct Gate {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    specs: Vec<LaneSpec>,
+    /// Lane indexes each lane yields to.
+    yield_targets: Vec<Vec<usize>>,
+    /// Lane indexes sorted by priority, highest first (stable on declaration order).
+    by_priority: Vec<usize>,
+    max_inflight_total: Option<usize>,
+    probe: Option<Arc<dyn GpuProbe>>,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    lanes: Vec<LaneState>,
+    total_inflight: usize,
+    engine: HashMap<String, EngineLoad>,
+    /// Waiters admitted by a dispatch that have not yet picked up their permit: id -> upstream.
+    granted: HashMap<u64, usize>,
+    draining: bool,
+}
+
+#[derive(Default)]
+struct LaneState {
+    inflight: usize,
+    queue: VecDeque<Waiting>,
+    upstream_inflight: Vec<usize>,
+    admitted: u64,
+    released: u64,
+    rejected: u64,
+    queue_timeouts: u64,
+    cancelled_in_queue: u64,
+    mean_service: Option<Duration>,
+    /// When this lane first had to hold because a lane it yields to was busy.
+    yield_since: Option<Instant>,
+}
+
+struct Waiting {
+    id: u64,
+    request: AdmitRequest,
+    notify: Arc<Notify>,
+}
+
+/// A lane slot held by one request. Dropping it gives the slot back (exactly once) and lets the
+/// next queued request in.
+pub struct Permit {
+    inner: Arc<Inner>,
+    lane: usize,
+    upstream: usize,
+    admitted_at: Instant,
+    queue_wait: Duration,
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("lane", &self.inner.specs[self.lane].name)
+            .field("upstream", &self.upstream())
+            .field("queue_wait", &self.queue_wait)
+            .finish()
+    }
+}
+
+impl Permit {
+    pub fn lane_index(&self) -> usize {
+        self.lane
+    }
+
+    pub fn lane_name(&self) -> &str {
+        &self.inner.specs[self.lane].name
+    }
+
+    /// Index of the chosen upstream in the lane's `upstreams`.
+    pub fn upstream_index(&self) -> usize {
+        self.upstream
+    }
+
+    /// The chosen upstream (as configured).
+    pub fn upstream(&self) -> &str {
+        &self.inner.specs[self.lane].upstreams[self.upstream]
+    }
+
+    /// Time spent queued before admission.
+    pub fn queue_wait(&self) -> Duration {
+        self.queue_wait
+    }
+
+    pub fn admitted_at(&self) -> Instant {
+        self.admitted_at
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let service = self.admitted_at.elapsed();
+        let mut st = self.inner.lock();
+        self.inner
+            .release_locked(&mut st, self.lane, self.upstream, Some(service));
+        self.inner.dispatch_locked(&mut st);
+    }
+}
+
+/// Removes a queued request when its waiting future is dropped (the client left), or gives back
+/// a slot that was granted but never picked up.
+struct WaitGuard<'a> {
+    inner: &'a Arc<Inner>,
+    lane: usize,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut st = self.inner.lock();
+        if let Some(upstream) = st.granted.remove(&self.id) {
+            self.inner
+                .release_locked(&mut st, self.lane, upstream, None);
+        } else {
+            let lane = &mut st.lanes[self.lane];
+            if let Some(pos) = lane.queue.iter().position(|w| w.id == self.id) {
+                lane.queue.remove(pos);
+                lane.cancelled_in_queue += 1;
+            }
+        }
+        self.inner.dispatch_locked(&mut st);
+    }
+}
+
+/// Per-upstream figures in a snapshot.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct UpstreamSnapshot {
+    pub url: String,
+    pub inflight: usize,
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub kv_cache_usage: Option<f64>,
+    /// Seconds since the engine metrics were last read; `None` when never.
+    pub metrics_age_seconds: Option<f64>,
+}
+
+/// One lane's state at one instant.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LaneSnapshot {
+    pub name: String,
+    pub inflight: usize,
+    pub queued: usize,
+    pub rejected: u64,
+    pub max_inflight: usize,
+    pub max_queue: usize,
+    pub priority: i32,
+    pub policy: Policy,
+    pub admitted: u64,
+    pub completed: u64,
+    pub queue_timeouts: u64,
+    pub cancelled_in_queue: u64,
+    /// Moving average of how long an admitted request holds its slot.
+    pub mean_service_seconds: Option<f64>,
+    /// Requests the lane completes per second at full concurrency, from the moving average.
+    pub service_rate_per_second: Option<f64>,
+    pub yielding: bool,
+    pub upstreams: Vec<UpstreamSnapshot>,
+}
+
+/// The whole gate at one instant.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GateSnapshot {
+    pub lanes: Vec<LaneSnapshot>,
+    pub total_inflight: usize,
+    pub max_inflight_total: Option<usize>,
+    pub draining: bool,
+}
+
+impl Gate {
+    /// Builds a gate; lane names must be unique and `yield_to` must name other lanes.
+    pub fn new(
+        specs: Vec<LaneSpec>,
+        max_inflight_total: Option<usize>,
+        probe: Option<Arc<dyn GpuProbe>>,
+    ) -> Result<Gate, GateError> {
+        if specs.is_empty() {
+            return Err(GateError::Config("at least one lane is required".into()));
+        }
+        if max_inflight_total == Some(0) {
+            return Err(GateError::Config(
+                "max_inflight_total must be at least 1".into(),
+            ));
+        }
+        let lane_err = |lane: &str, message: String| GateError::Lane {
+            lane: lane.to_string(),
+            message,
+        };
+        let mut yield_targets = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            if spec.name.is_empty() {
+                return Err(GateError::Config("a lane has an empty name".into()));
+            }
+            if specs[..i].iter().any(|s| s.name == spec.name) {
+                return Err(lane_err(&spec.name, "lane name used twice".into()));
+            }
+            if spec.max_inflight == 0 {
+                return Err(lane_err(
+                    &spec.name,
+                    "max_inflight must be at least 1".into(),
+                ));
+            }
+            if spec.upstreams.is_empty() {
+                return Err(lane_err(&spec.name, "needs at least one upstream".into()));
+            }
+            let mut targets = Vec::new();
+            for target in &spec.yield_to {
+                match specs.iter().position(|s| &s.name == target) {
+                    Some(t) if t == i => {
+                        return Err(lane_err(&spec.name, "cannot yield to itself".into()));
+                    }
+                    Some(t) => targets.push(t),
+                    None => {
+                        return Err(lane_err(
+                            &spec.name,
+                            format!("yield_to names unknown lane `{target}`"),
+                        ));
+                    }
+                }
+            }
+            yield_targets.push(targets);
+        }
+        let mut by_priority: Vec<usize> = (0..specs.len()).collect();
+        by_priority.sort_by_key(|&i| std::cmp::Reverse(specs[i].priority));
+        let lanes = specs
+            .iter()
+            .map(|s| LaneState {
+                upstream_inflight: vec![0; s.upstreams.len()],
+                ..LaneState::default()
+            })
+            .collect();
+        Ok(Gate {
+            inner: Arc::new(Inner {
+                specs,
+                yield_targets,
+                by_priority,
+                max_inflight_total,
+                probe,
+                next_id: AtomicU64::new(1),
+                state: Mutex::new(State {
+                    lanes,
+                    ..State::default()
+                }),
+            }),
+        })
+    }
+
+    pub fn lanes(&self) -> &[LaneSpec] {
+        &self.inner.specs
+    }
+
+    pub fn lane_index(&self, name: &str) -> Option<usize> {
+        self.inner.specs.iter().position(|s| s.name == name)
+    }
+
+    /// Records one scrape of an upstream engine's load (keyed by the upstream as configured).
+    pub fn set_engine_load(&self, upstream: &str, load: EngineLoad) {
+        let mut st = self.inner.lock();
+        st.engine.insert(upstream.to_string(), load);
+        self.inner.dispatch_locked(&mut st);
+    }
+
+    /// Stops admitting new work; queued and in-flight work continues.
+    pub fn start_draining(&self) {
+        self.inner.lock().draining = true;
+    }
+
+    /// Returns once nothing is queued or in flight.
+    pub async fn wait_idle(&self) {
+        loop {
+            {
+                let st = self.inner.lock();
+                if st.total_inflight == 0 && st.lanes.iter().all(|l| l.queue.is_empty()) {
+                    return;
+                }
+            }
+            tokio::time::sleep(RECHECK_INTERVAL).await;
+        }
+    }
+
+    /// Asks for a slot on `lane`. Resolves at once, or after a bounded wait under the `queue` and
+    /// `fallback` policies. Dropping the future while it waits removes the request from the queue.
+    pub async fn admit(&self, lane: usize, request: AdmitRequest) -> Result<Permit, Rejection> {
+        let inner = &self.inner;
+        let spec = &inner.specs[lane];
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let enqueued_at = Instant::now();
+        let notify = Arc::new(Notify::new());
+        {
+            let mut st = inner.lock();
+            let now = Instant::now();
+            let fifo_blocked = !st.lanes[lane].queue.is_empty();
+            let verdict = if fifo_blocked {
+                // Arrivals wait behind those already queued; say why the head is waiting.
+                inner
+                    .check(&mut st, lane, now, &request)
+                    .and(Err(RejectReason::Saturated))
+            } else {
+                inner.check(&mut st, lane, now, &request)
+            };
+            match verdict {
+                Ok(upstream) => {
+                    inner.take_slot(&mut st, lane, upstream, now);
+                    return Ok(inner.permit(lane, upstream, Duration::ZERO));
+                }
+                Err(reason) => {
+                    let queue_full = st.lanes[lane].queue.len() >= spec.max_queue;
+                    let reason = match spec.policy {
+                        Policy::Reject => Some(reason),
+                        Policy::Queue | Policy::Fallback if queue_full => {
+                            Some(if reason == RejectReason::ShuttingDown {
+                                reason
+                            } else {
+                                RejectReason::QueueFull
+                            })
+                        }
+                        _ if reason == RejectReason::ShuttingDown => Some(reason),
+                        _ => None,
+                    };
+                    if let Some(reason) = reason {
+                        st.lanes[lane].rejected += 1;
+                        return Err(inner.rejection(&st, lane, reason, now));
+                    }
+                    st.lanes[lane].queue.push_back(Waiting {
+                        id,
+                        request: request.clone(),
+                        notify: notify.clone(),
+                    });
+                }
+            }
+        }
+
+        let mut guard = WaitGuard {
+            inner,
+            lane,
+            id,
+            armed: true,
+        };
+        let mut deadline = enqueued_at + spec.queue_timeout;
+        if let Some(until) = request.wait_until {
+            deadline = deadline.min(until);
+        }
+        loop {
+            let timed_out = tokio::select! {
+                _ = notify.notified() => false,
+                _ = tokio::time::sleep(RECHECK_INTERVAL) => {
+                    let mut st = inner.lock();
+                    inner.dispatch_locked(&mut st);
+                    false
+                }
+                _ = tokio::time::sleep_until(deadline) => true,
+            };
+            let mut st = inner.lock();
+            if let Some(upstream) = st.granted.remove(&id) {
+                guard.armed = false;
+                return Ok(inner.permit(lane, upstream, enqueued_at.elapsed()));
+            }
+            if timed_out || Instant::now() >= deadline {
+                guard.armed = false;
+                let ls = &mut st.lanes[lane];
+                if let Some(pos) = ls.queue.iter().position(|w| w.id == id) {
+                    ls.queue.remove(pos);
+                }
+                ls.queue_timeouts += 1;
+                ls.rejected += 1;
+                let rejection =
+                    inner.rejection(&st, lane, RejectReason::QueueTimeout, Instant::now());
+                inner.dispatch_locked(&mut st);
+                return Err(rejection);
+            }
+        }
+    }
+
+    /// Estimated wait for a new arrival on `lane`, from its measured service time and queue.
+    pub fn retry_after(&self, lane: usize) -> Duration {
+        let st = self.inner.lock();
+        self.inner.estimate_wait(&st, lane)
+    }
+
+    pub fn snapshot(&self) -> GateSnapshot {
+        let st = self.inner.lock();
+        let now = Instant::now();
+        let lanes = self
+            .inner
+            .specs
+            .iter()
+            .zip(&st.lanes)
+            .enumerate()
+            .map(|(i, (spec, ls))| {
+                let mean = ls.mean_service.map(|d| d.as_secs_f64());
+                LaneSnapshot {
+                    name: spec.name.clone(),
+                    inflight: ls.inflight,
+                    queued: ls.queue.len(),
+                    rejected: ls.rejected,
+                    max_inflight: spec.max_inflight,
+                    max_queue: spec.max_queue,
+                    priority: spec.priority,
+                    policy: spec.policy,
+                    admitted: ls.admitted,
+                    completed: ls.released,
+                    queue_timeouts: ls.queue_timeouts,
+                    cancelled_in_queue: ls.cancelled_in_queue,
+                    mean_service_seconds: mean,
+                    service_rate_per_second: mean
+                        .filter(|m| *m > 0.0)
+                        .map(|m| spec.max_inflight as f64 / m),
+                    yielding: self.inner.higher_busy(&st, i),
+                    upstreams: spec
+                        .upstreams
+                        .iter()
+                        .zip(&ls.upstream_inflight)
+                        .map(|(url, inflight)| {
+                            let load = st.engine.get(url);
+                            UpstreamSnapshot {
+                                url: url.clone(),
+                                inflight: *inflight,
+                                waiting: load.and_then(|l| l.waiting),
+                                running: load.and_then(|l| l.running),
+                                kv_cache_usage: load.and_then(|l| l.kv_cache_usage),
+                                metrics_age_seconds: load.map(|l| {
+                                    now.saturating_duration_since(l.observed_at).as_secs_f64()
+                                }),
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        GateSnapshot {
+            lanes,
+            total_inflight: st.total_inflight,
+            max_inflight_total: self.inner.max_inflight_total,
+            draining: st.draining,
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave counts half-updated (every update is a
+        // few integer writes), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn permit(self: &Arc<Self>, lane: usize, upstream: usize, queue_wait: Duration) -> Permit {
+        Permit {
+            inner: self.clone(),
+            lane,
+            upstream,
+            admitted_at: Instant::now(),
+            queue_wait,
+        }
+    }
+
+    fn take_slot(&self, st: &mut State, lane: usize, upstream: usize, now: Instant) {
+        let busy = self.higher_busy(st, lane);
+        let ls = &mut st.lanes[lane];
+        ls.inflight += 1;
+        ls.upstream_inflight[upstream] += 1;
+        ls.admitted += 1;
+        // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
+        ls.yield_since = if busy { Some(now) } else { None };
+        st.total_inflight += 1;
+    }
+
+    fn release_locked(
+        &self,
+        st: &mut State,
+        lane: usize,
+        upstream: usize,
+        service: Option<Duration>,
+    ) {
+        let ls = &mut st.lanes[lane];
+        debug_assert!(ls.inflight > 0, "permit released twice");
+        ls.inflight = ls.inflight.saturating_sub(1);
+        ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
+        ls.released += 1;
+        if let Some(sample) = service {
+            ls.mean_service = Some(match ls.mean_service {
+                None => sample,
+                Some(mean) => Duration::from_secs_f64(
+                    mean.as_secs_f64() * (1.0 - SERVICE_EWMA_ALPHA)
+                        + sample.as_secs_f64() * SERVICE_EWMA_ALPHA,
+                ),
+            });
+        }
+        st.total_inflight = st.total_inflight.saturating_sub(1);
+    }
+
+    /// Whether any lane `lane` yields to has work queued or in flight.
+    fn higher_busy(&self, st: &State, lane: usize) -> bool {
+        self.yield_targets[lane]
+            .iter()
+            .any(|&t| st.lanes[t].inflight > 0 || !st.lanes[t].queue.is_empty())
+    }
+
+    /// Decides whether a request may start on `lane` now; on success returns the upstream to use.
+    fn check(
+        &self,
+        st: &mut State,
+        lane: usize,
+        now: Instant,
+        request: &AdmitRequest,
+    ) -> Result<usize, RejectReason> {
+        let spec = &self.specs[lane];
+        if st.draining {
+            return Err(RejectReason::ShuttingDown);
+        }
+        if st.lanes[lane].inflight >= spec.max_inflight {
+            return Err(RejectReason::Saturated);
+        }
+        if let Some(total) = self.max_inflight_total {
+            if st.total_inflight >= total {
+                return Err(RejectReason::DeviceSaturated);
+            }
+            // A higher-priority lane whose head request waits only for the shared cap goes first.
+            let waiting_higher = self.by_priority.iter().any(|&other| {
+                other != lane
+                    && self.specs[other].priority > spec.priority
+                    && !st.lanes[other].queue.is_empty()
+                    && st.lanes[other].inflight < self.specs[other].max_inflight
+            });
+            if waiting_higher {
+                return Err(RejectReason::DeviceSaturated);
+            }
+        }
+        if self.higher_busy(st, lane) {
+            let since = *st.lanes[lane].yield_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < spec.max_yield {
+                return Err(RejectReason::Yielding);
+            }
+        } else {
+            st.lanes[lane].yield_since = None;
+        }
+        if let Some(need) = &spec.gpu {
+            let required = need.required_bytes(request.audio_seconds);
+            let enough = match self.probe.as_ref().map(|p| p.snapshot()) {
+                Some(Ok(devices)) => devices
+                    .iter()
+                    .find(|d| d.index == need.device)
+                    .map(|d| d.free_bytes >= required)
+                    .unwrap_or(need.fail_open),
+                Some(Err(_)) | None => need.fail_open,
+            };
+            if !enough {
+                return Err(RejectReason::GpuMemory);
+            }
+        }
+        let ls = &st.lanes[lane];
+        let candidates = (0..spec.upstreams.len()).filter(|&u| match &spec.engine {
+            None => true,
+            Some(limits) => limits.admits(st.engine.get(&spec.upstreams[u]), now),
+        });
+        let best = candidates.min_by(|&a, &b| {
+            let waiting = |u: usize| {
+                st.engine
+                    .get(&spec.upstreams[u])
+                    .and_then(|l| l.waiting)
+                    .unwrap_or(0.0)
+            };
+            ls.upstream_inflight[a]
+                .cmp(&ls.upstream_inflight[b])
+                .then(waiting(a).total_cmp(&waiting(b)))
+                .then(a.cmp(&b))
+        });
+        best.ok_or(RejectReason::EngineSaturated)
+    }
+
+    /// Admits queued requests, highest-priority lanes first, while they fit.
+    fn dispatch_locked(&self, st: &mut State) {
+        let now = Instant::now();
+        for &lane in &self.by_priority {
+            while let Some(head) = st.lanes[lane].queue.front() {
+                let request = head.request.clone();
+                match self.check(st, lane, now, &request) {
+                    Ok(upstream) => {
+                        let head = st.lanes[lane]
+                            .queue
+                            .pop_front()
+                            .expect("queue head checked above");
+                        self.take_slot(st, lane, upstream, now);
+                        st.granted.insert(head.id, upstream);
+                        head.notify.notify_one();
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    fn estimate_wait(&self, st: &State, lane: usize) -> Duration {
+        let spec = &self.specs[lane];
+        let ls = &st.lanes[lane];
+        let per_request = ls.mean_service.unwrap_or(DEFAULT_SERVICE_TIME);
+        let ahead = ls.queue.len() as f64 + 1.0;
+        let wait = per_request.as_secs_f64() * ahead / spec.max_inflight as f64;
+        Duration::from_secs_f64(wait.min(MAX_RETRY_AFTER.as_secs_f64()))
+    }
+
+    fn rejection(&self, st: &State, lane: usize, reason: RejectReason, now: Instant) -> Rejection {
+        let spec = &self.specs[lane];
+        let mut retry_after = self.estimate_wait(st, lane);
+        if reason == RejectReason::Yielding
+            && let Some(since) = st.lanes[lane].yield_since
+        {
+            let left = spec
+                .max_yield
+                .saturating_sub(now.saturating_duration_since(since));
+            retry_after = retry_after.min(left.max(Duration::from_millis(1)));
+        }
+        Rejection {
+            lane: spec.name.clone(),
+            reason,
+            retry_after,
+            fallback: spec.policy == Policy::Fallback,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_gpu::{DeviceSnapshot, ProbeError};
+
+    fn lane(name: &str, max_inflight: usize, max_queue: usize, policy: Policy) -> LaneSpec {
+        LaneSpec {
+            max_inflight,
+            max_queue,
+            policy,
+            queue_timeout: Duration::from_millis(200),
+            ..LaneSpec::new(name, &["http://up-a", "http://up-b"])
+        }
+    }
+
+    fn gate(specs: Vec<LaneSpec>) -> Gate {
+        Gate::new(specs, None, None).expect("valid gate")
+    }
+
+    fn counts(g: &Gate, lane: usize) -> (usize, usize) {
+        let s = g.snapshot();
+        (s.lanes[lane].inflight, s.lanes[lane].queued)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reject_policy_admits_up_to_max_inflight_and_releases_once() {
+        let g = gate(vec![lane("text", 2, 0, Policy::Reject)]);
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let b = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let c = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(c.reason, RejectReason::Saturated);
+        assert_eq!(c.reason.code(), "lane_saturated");
+        // The two permits went to different upstreams (least loaded).
+        assert_ne!(a.upstream_index(), b.upstream_index());
+        assert_eq!(counts(&g, 0), (2, 0));
+        drop(a);
+        assert_eq!(counts(&g, 0), (1, 0));
+        drop(b);
+        let s = g.snapshot();
+        assert_eq!((s.lanes[0].inflight, s.total_inflight), (0, 0));
+        assert_eq!((s.lanes[0].admitted, s.lanes[0].completed), (2, 2));
+        assert_eq!(s.lanes[0].rejected, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_serves_in_order_and_times_out() {
+        let g = gate(vec![lane("audio", 1, 4, Policy::Queue)]);
+        let first = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            let g = g.clone();
+            let order = order.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = g.admit(0, AdmitRequest::default()).await;
+                if let Ok(p) = r {
+                    order.lock().unwrap().push(i);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    drop(p);
+                    Ok(())
+                } else {
+                    Err(r.unwrap_err())
+                }
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(counts(&g, 0), (1, 4));
+        // A fifth waiter does not fit the queue.
+        let full = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(full.reason, RejectReason::QueueFull);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(first);
+        let mut timeouts = 0;
+        for t in tasks {
+            if let Err(r) = t.await.unwrap() {
+                assert_eq!(r.reason, RejectReason::QueueTimeout);
+                timeouts += 1;
+            }
+        }
+        // first released at ~54 ms; waiters served 30 ms apart: 0 at 54, 1 at 84, 2 at 114,
+        // 3 at 144 (all before their 200 ms queue timeout).
+        assert_eq!(timeouts, 0);
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+        assert_eq!(counts(&g, 0), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queued_request_times_out_at_queue_timeout() {
+        let g = gate(vec![lane("audio", 1, 4, Policy::Queue)]);
+        let _held = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let start = Instant::now();
+        let r = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(r.reason, RejectReason::QueueTimeout);
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        assert_eq!(counts(&g, 0), (1, 0));
+        assert_eq!(g.snapshot().lanes[0].queue_timeouts, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_waiter_leaves_the_queue() {
+        let g = gate(vec![lane("audio", 1, 4, Policy::Queue)]);
+        let held = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let g2 = g.clone();
+        let waiter = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(counts(&g, 0), (1, 1));
+        waiter.abort();
+        let _ = waiter.await;
+        assert_eq!(counts(&g, 0), (1, 0));
+        assert_eq!(g.snapshot().lanes[0].cancelled_in_queue, 1);
+        drop(held);
+        assert_eq!(counts(&g, 0), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn yielding_lane_holds_until_higher_lane_idle_or_max_yield() {
+        let audio = lane("audio", 1, 4, Policy::Queue);
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            max_yield: Duration::from_millis(500),
+            queue_timeout: Duration::from_secs(5),
+            ..lane("text", 4, 8, Policy::Queue)
+        };
+        let g = gate(vec![audio, text]);
+        // Half one: audio work ends before max_yield, text is admitted right after.
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let g2 = g.clone();
+        let start = Instant::now();
+        let t = tokio::spawn(async move {
+            let p = g2.admit(1, AdmitRequest::default()).await.unwrap();
+            (Instant::now(), p)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(counts(&g, 1), (0, 1));
+        assert!(g.snapshot().lanes[1].yielding);
+        drop(a);
+        let (admitted_at, p) = t.await.unwrap();
+        assert_eq!(admitted_at - start, Duration::from_millis(100));
+        drop(p);
+
+        // Half two: audio stays busy; text is admitted once max_yield has passed.
+        let _a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let start = Instant::now();
+        let p = g.admit(1, AdmitRequest::default()).await.unwrap();
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(500) && waited < Duration::from_millis(560),
+            "{waited:?}"
+        );
+        drop(p);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reject_policy_yielding_answers_lane_yielding() {
+        let audio = lane("audio", 1, 0, Policy::Reject);
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            ..lane("text", 4, 0, Policy::Reject)
+        };
+        let g = gate(vec![audio, text]);
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let r = g.admit(1, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(r.reason.code(), "lane_yielding");
+        drop(a);
+        assert!(g.admit(1, AdmitRequest::default()).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn device_cap_prefers_higher_priority_waiters() {
+        let audio = LaneSpec {
+            priority: 10,
+            ..lane("audio", 2, 4, Policy::Queue)
+        };
+        let text = lane("text", 2, 4, Policy::Queue);
+        let g = Gate::new(vec![text, audio], Some(2), None).unwrap();
+        let t1 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let t2 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let (ga, gt) = (g.clone(), g.clone());
+        let audio_wait = tokio::spawn(async move { ga.admit(1, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let text_wait = tokio::spawn(async move { gt.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(t1);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let s = g.snapshot();
+        assert_eq!((s.lanes[1].inflight, s.lanes[0].inflight), (1, 1));
+        assert_eq!(s.lanes[0].queued, 1);
+        drop(t2);
+        let a = audio_wait.await.unwrap().unwrap();
+        let t = text_wait.await.unwrap().unwrap();
+        drop((a, t));
+        assert_eq!(g.snapshot().total_inflight, 0);
+    }
+
+    struct FixedProbe(u64, bool);
+    impl GpuProbe for FixedProbe {
+        fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError> {
+            if self.1 {
+                return Err(ProbeError::NoDriver("test".into()));
+            }
+            Ok(vec![DeviceSnapshot {
+                index: 0,
+                name: "test".into(),
+                uuid: "GPU-test".into(),
+                total_bytes: 10_000,
+                used_bytes: 10_000 - self.0,
+                free_bytes: self.0,
+                reserved_bytes: 0,
+                utilization_percent: None,
+                mig_enabled: None,
+                processes: vec![],
+            }])
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gpu_memory_gates_admission_per_audio_second() {
+        let need = crate::GpuNeed {
+            device: 0,
+            bytes_per_job: 1000,
+            bytes_per_audio_second: 100,
+            margin_bytes: 500,
+            fail_open: false,
+        };
+        let spec = LaneSpec {
+            gpu: Some(need.clone()),
+            ..lane("audio", 4, 0, Policy::Reject)
+        };
+        let probe: Arc<dyn GpuProbe> = Arc::new(FixedProbe(3000, false));
+        let g = Gate::new(vec![spec.clone()], None, Some(probe)).unwrap();
+        let short = AdmitRequest {
+            audio_seconds: Some(10.0),
+            ..Default::default()
+        };
+        let long = AdmitRequest {
+            audio_seconds: Some(20.0),
+            ..Default::default()
+        };
+        assert!(g.admit(0, short).await.is_ok());
+        let r = g.admit(0, long.clone()).await.unwrap_err();
+        assert_eq!(r.reason.code(), "gpu_memory");
+        // A probe that fails counts as full unless the lane says fail-open.
+        let failing: Arc<dyn GpuProbe> = Arc::new(FixedProbe(0, true));
+        let g = Gate::new(vec![spec.clone()], None, Some(failing.clone())).unwrap();
+        assert!(g.admit(0, AdmitRequest::default()).await.is_err());
+        let open = LaneSpec {
+            gpu: Some(crate::GpuNeed {
+                fail_open: true,
+                ..need
+            }),
+            ..spec
+        };
+        let g = Gate::new(vec![open], None, Some(failing)).unwrap();
+        assert!(g.admit(0, AdmitRequest::default()).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn engine_metrics_hold_admission_and_pick_unsaturated_upstream() {
+        let spec = LaneSpec {
+            engine: Some(crate::EngineLimits {
+                max_waiting: Some(0.0),
+                max_kv_cache_usage: Some(0.9),
+                stale_after: Duration::from_secs(2),
+                fail_open: false,
+            }),
+            ..lane("text", 4, 0, Policy::Reject)
+        };
+        let g = gate(vec![spec]);
+        // No metrics yet: stale counts as saturated.
+        assert_eq!(
+            g.admit(0, AdmitRequest::default())
+                .await
+                .unwrap_err()
+                .reason,
+            RejectReason::EngineSaturated
+        );
+        let load = |waiting: f64, kv: f64| EngineLoad {
+            waiting: Some(waiting),
+            running: Some(1.0),
+            kv_cache_usage: Some(kv),
+            observed_at: Instant::now(),
+        };
+        g.set_engine_load("http://up-a", load(3.0, 0.5));
+        g.set_engine_load("http://up-b", load(0.0, 0.2));
+        let p = g.admit(0, AdmitRequest::default()).await.unwrap();
+        assert_eq!(p.upstream(), "http://up-b");
+        g.set_engine_load("http://up-b", load(0.0, 0.95));
+        assert_eq!(
+            g.admit(0, AdmitRequest::default())
+                .await
+                .unwrap_err()
+                .reason,
+            RejectReason::EngineSaturated
+        );
+        drop(p);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_follows_measured_service_time_and_queue() {
+        let g = gate(vec![lane("audio", 2, 8, Policy::Queue)]);
+        // Before any measurement the default service time is used.
+        assert_eq!(g.retry_after(0), Duration::from_millis(500));
+        for _ in 0..2 {
+            let p = g.admit(0, AdmitRequest::default()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            drop(p);
+        }
+        // Mean 400 ms, nothing queued, 2 slots: 200 ms.
+        assert_eq!(g.retry_after(0), Duration::from_millis(200));
+        let _a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let _b = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let g2 = g.clone();
+        let _w = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // One queued ahead: (1 + 1) * 400 ms / 2.
+        assert_eq!(g.retry_after(0), Duration::from_millis(400));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn draining_refuses_new_work() {
+        let g = gate(vec![lane("text", 2, 2, Policy::Queue)]);
+        let p = g.admit(0, AdmitRequest::default()).await.unwrap();
+        g.start_draining();
+        let r = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(r.reason, RejectReason::ShuttingDown);
+        drop(p);
+        g.wait_idle().await;
+    }
+
+    #[test]
+    fn invalid_specs_are_named() {
+        let bad_yield = LaneSpec {
+            yield_to: vec!["nope".into()],
+            ..LaneSpec::new("text", &["http://x"])
+        };
+        let err = Gate::new(vec![bad_yield], None, None).err().unwrap();
+        assert!(err.to_string().contains("unknown lane `nope`"), "{err}");
+        let dup = vec![LaneSpec::new("a", &["u"]), LaneSpec::new("a", &["u"])];
+        assert!(Gate::new(dup, None, None).is_err());
+        let zero = LaneSpec {
+            max_inflight: 0,
+            ..LaneSpec::new("a", &["u"])
+        };
+        assert!(Gate::new(vec![zero], None, None).is_err());
+        assert!(Gate::new(vec![], None, None).is_err());
+    }
+}

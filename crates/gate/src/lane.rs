@@ -1,0 +1,150 @@
+//! What a lane is (its limits, policy and neighbours) and why admission can say no.
+
+use std::time::Duration;
+
+use crate::pressure::{EngineLimits, GpuNeed};
+
+/// What a lane does when it cannot admit a request at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Answer at once (429) without waiting.
+    Reject,
+    /// Wait in a bounded FIFO queue for at most `queue_timeout`.
+    Queue,
+    /// Like `queue`, but every refusal is answered by a cheaper local fallback instead of an error.
+    Fallback,
+}
+
+impl Policy {
+    pub fn parse(text: &str) -> Option<Policy> {
+        match text {
+            "reject" => Some(Policy::Reject),
+            "queue" => Some(Policy::Queue),
+            "fallback" => Some(Policy::Fallback),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Reject => "reject",
+            Policy::Queue => "queue",
+            Policy::Fallback => "fallback",
+        }
+    }
+}
+
+/// One lane's admission settings. Request-shape limits (body size, tokens, audio seconds) are
+/// enforced by the HTTP side before admission; the ones here decide *when* work may start.
+#[derive(Debug, Clone)]
+pub struct LaneSpec {
+    pub name: String,
+    /// Higher runs first when lanes compete for the device-wide cap.
+    pub priority: i32,
+    pub max_inflight: usize,
+    pub max_queue: usize,
+    pub queue_timeout: Duration,
+    pub request_timeout: Duration,
+    pub policy: Policy,
+    /// Names of lanes this lane gives way to while they have work queued or in flight.
+    pub yield_to: Vec<String>,
+    /// Longest a lane keeps yielding before it admits one request anyway.
+    pub max_yield: Duration,
+    /// Upstream identifiers (URLs); admission picks the least loaded one that is not saturated.
+    pub upstreams: Vec<String>,
+    pub gpu: Option<GpuNeed>,
+    pub engine: Option<EngineLimits>,
+}
+
+impl LaneSpec {
+    /// A lane with the given name and upstreams and conservative defaults for everything else.
+    pub fn new(name: &str, upstreams: &[&str]) -> LaneSpec {
+        LaneSpec {
+            name: name.to_string(),
+            priority: 0,
+            max_inflight: 1,
+            max_queue: 0,
+            queue_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            policy: Policy::Reject,
+            yield_to: Vec::new(),
+            max_yield: Duration::from_secs(10),
+            upstreams: upstreams.iter().map(|u| u.to_string()).collect(),
+            gpu: None,
+            engine: None,
+        }
+    }
+}
+
+/// Invalid gate settings.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GateError {
+    #[error("lane `{lane}`: {message}")]
+    Lane { lane: String, message: String },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// The lane's queue is full (or zero-length).
+    QueueFull,
+    /// Every in-flight slot of the lane is taken and the policy does not wait.
+    Saturated,
+    /// Free GPU memory does not cover the job plus the margin (or could not be read).
+    GpuMemory,
+    /// The engine's own queue or KV-cache usage is above the lane's threshold, or its metrics are stale.
+    EngineSaturated,
+    /// A lane this one yields to has work queued or in flight.
+    Yielding,
+    /// The device-wide `max_inflight_total` is reached.
+    DeviceSaturated,
+    /// The request waited in the queue for `queue_timeout` without being admitted.
+    QueueTimeout,
+    /// The gateway is shutting down.
+    ShuttingDown,
+}
+
+impl RejectReason {
+    /// The OpenAI `code` field and the `reason` metric label.
+    pub fn code(self) -> &'static str {
+        match self {
+            RejectReason::QueueFull => "lane_queue_full",
+            RejectReason::Saturated => "lane_saturated",
+            RejectReason::GpuMemory => "gpu_memory",
+            RejectReason::EngineSaturated => "engine_saturated",
+            RejectReason::Yielding => "lane_yielding",
+            RejectReason::DeviceSaturated => "device_saturated",
+            RejectReason::QueueTimeout => "queue_timeout",
+            RejectReason::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// Human-readable sentence for the error message.
+    pub fn describe(self) -> &'static str {
+        match self {
+            RejectReason::QueueFull => "the lane's queue is full",
+            RejectReason::Saturated => "every in-flight slot of the lane is busy",
+            RejectReason::GpuMemory => "free GPU memory does not cover this job",
+            RejectReason::EngineSaturated => "the inference engine reports it is saturated",
+            RejectReason::Yielding => "the lane is yielding to a higher-priority lane",
+            RejectReason::DeviceSaturated => "the device-wide in-flight cap is reached",
+            RejectReason::QueueTimeout => "the request waited in the queue too long",
+            RejectReason::ShuttingDown => "the gateway is shutting down",
+        }
+    }
+}
+
+/// A refusal, with an estimate of when trying again makes sense.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    pub lane: String,
+    pub reason: RejectReason,
+    /// Estimated time until a slot frees for a new arrival, from measured service time and queue length.
+    pub retry_after: Duration,
+    /// True when the lane's policy is `fallback`: the caller should answer with the fallback.
+    pub fallback: bool,
+}

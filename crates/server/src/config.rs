@@ -1,0 +1,773 @@
+//! The `headroom serve` configuration file: TOML keys, their defaults, duration and size parsing,
+//! validation with the offending key named, the commented example, and conversion into the gate's
+//! [`LaneSpec`]s.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use headroom_gate::{EngineLimits, GpuNeed, LaneSpec, Policy};
+use serde::Deserialize;
+
+/// Why a configuration file was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("config is not valid TOML: {0}")]
+    Toml(String),
+    #[error("`{key}`: {message}")]
+    Key { key: String, message: String },
+}
+
+fn key_err(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Key {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// What `max_output_tokens` does to a request that asks for more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputTokensMode {
+    /// Lower `max_tokens` to the cap and forward.
+    Cap,
+    /// Answer 400.
+    Reject,
+}
+
+/// The fallback a lane answers with under the `fallback` policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackKind {
+    /// Chat completions answered by the rule-based transcript cleaner.
+    RuleBasedCleanup,
+}
+
+/// Which engine an upstream runs, for metrics scraping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    Vllm,
+    LlamaCpp,
+}
+
+/// One lane after validation.
+#[derive(Debug, Clone)]
+pub struct LaneConfig {
+    pub spec: LaneSpec,
+    pub paths: Vec<String>,
+    /// Model names this lane takes (exact, or a prefix ending in `*`); empty = any.
+    pub models: Vec<String>,
+    /// Whether chat requests that carry audio parts belong here.
+    pub chat_audio: bool,
+    pub max_body_bytes: u64,
+    pub max_input_tokens: Option<u64>,
+    /// `tokenizer.json` used to count input tokens exactly (else the characters / 4 estimate).
+    pub tokenizer_path: Option<std::path::PathBuf>,
+    /// The loaded tokenizer (filled when the gateway starts).
+    pub tokenizer: Option<crate::tokens::TokenCounter>,
+    pub max_output_tokens: Option<u64>,
+    pub output_tokens_mode: OutputTokensMode,
+    pub max_audio_seconds: Option<f64>,
+    pub fallback: Option<FallbackKind>,
+    pub engine: Option<EngineKind>,
+    pub metrics_path: String,
+    /// Bearer key sent to the upstream (never the client's key).
+    pub upstream_api_key: Option<String>,
+}
+
+/// The whole gateway configuration after validation.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub api_keys: Vec<String>,
+    pub max_inflight_total: Option<usize>,
+    pub shutdown_grace: Duration,
+    pub max_header_bytes: usize,
+    pub scrape_interval: Duration,
+    pub lanes: Vec<LaneConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    #[serde(default)]
+    api_keys: Vec<String>,
+    api_keys_env: Option<String>,
+    max_inflight_total: Option<i64>,
+    shutdown_grace: Option<String>,
+    max_header_bytes: Option<toml::Value>,
+    scrape_interval: Option<String>,
+    #[serde(default)]
+    lanes: Vec<RawLane>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLane {
+    name: String,
+    #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    models: Vec<String>,
+    #[serde(default)]
+    chat_audio: bool,
+    #[serde(default)]
+    upstreams: Vec<String>,
+    max_inflight: Option<i64>,
+    max_queue: Option<i64>,
+    queue_timeout: Option<String>,
+    request_timeout: Option<String>,
+    policy: Option<String>,
+    priority: Option<i64>,
+    #[serde(default)]
+    yield_to: Vec<String>,
+    max_yield: Option<String>,
+    max_body_bytes: Option<toml::Value>,
+    max_input_tokens: Option<i64>,
+    tokenizer: Option<String>,
+    max_output_tokens: Option<i64>,
+    output_tokens_mode: Option<String>,
+    max_audio_seconds: Option<f64>,
+    fallback: Option<String>,
+    gpu_device: Option<i64>,
+    gpu_memory_per_job: Option<toml::Value>,
+    gpu_memory_per_audio_second: Option<toml::Value>,
+    gpu_memory_margin: Option<toml::Value>,
+    gpu_fail_open: Option<bool>,
+    engine: Option<String>,
+    metrics_path: Option<String>,
+    engine_max_waiting: Option<f64>,
+    engine_max_kv_cache_usage: Option<f64>,
+    engine_metrics_stale_after: Option<String>,
+    engine_fail_open: Option<bool>,
+    upstream_api_key: Option<String>,
+    upstream_api_key_env: Option<String>,
+}
+
+/// Parses `500ms`, `5s`, `2m` (and a bare number of seconds).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&t[..i], t[i..].trim()),
+        None => (t, "s"),
+    };
+    let value: f64 = num.parse().ok()?;
+    if !value.is_finite() || value < 0.0 {
+        return None;
+    }
+    let secs = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
+}
+
+/// Parses a byte size: an integer, or a string like `25MiB`, `512KiB`, `2GiB`, `10MB`.
+pub fn parse_bytes(value: &toml::Value) -> Option<u64> {
+    match value {
+        toml::Value::Integer(i) if *i >= 0 => Some(*i as u64),
+        toml::Value::String(s) => {
+            let t = s.trim();
+            let split = t
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .unwrap_or(t.len());
+            let num: f64 = t[..split].parse().ok()?;
+            let mult: f64 = match t[split..].trim() {
+                "" | "B" => 1.0,
+                "KB" | "kB" => 1e3,
+                "MB" => 1e6,
+                "GB" => 1e9,
+                "KiB" => 1024.0,
+                "MiB" => 1024.0 * 1024.0,
+                "GiB" => 1024.0 * 1024.0 * 1024.0,
+                _ => return None,
+            };
+            let bytes = num * mult;
+            (bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
+        }
+        _ => None,
+    }
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_MAX_BODY: u64 = 25 * 1024 * 1024;
+
+impl ServeConfig {
+    /// Parses and validates a configuration file's text.
+    pub fn from_toml(text: &str) -> Result<ServeConfig, ConfigError> {
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Toml(e.to_string().lines().collect::<Vec<_>>().join(" ")))?;
+        let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            key_err(
+                "listen",
+                format!("`{listen_text}` is not HOST:PORT (an IP address and a port)"),
+            )
+        })?;
+        let mut api_keys: Vec<String> =
+            raw.api_keys.into_iter().filter(|k| !k.is_empty()).collect();
+        if let Some(var) = raw.api_keys_env {
+            let value = std::env::var(&var).map_err(|_| {
+                key_err(
+                    "api_keys_env",
+                    format!("environment variable {var} is not set"),
+                )
+            })?;
+            api_keys.extend(
+                value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|k| !k.is_empty())
+                    .map(String::from),
+            );
+        }
+        if !listen.ip().is_loopback() && api_keys.is_empty() {
+            return Err(key_err(
+                "api_keys",
+                format!(
+                    "listen address {listen} is not loopback, so API keys are required (set api_keys or api_keys_env)"
+                ),
+            ));
+        }
+        let max_inflight_total = match raw.max_inflight_total {
+            None => None,
+            Some(n) if n >= 1 => Some(n as usize),
+            Some(_) => return Err(key_err("max_inflight_total", "must be at least 1")),
+        };
+        let duration = |key: &str, v: Option<&String>, default: Duration| match v {
+            None => Ok(default),
+            Some(s) => parse_duration(s).ok_or_else(|| {
+                key_err(key, format!("`{s}` is not a duration like 500ms, 5s or 2m"))
+            }),
+        };
+        let shutdown_grace = duration(
+            "shutdown_grace",
+            raw.shutdown_grace.as_ref(),
+            Duration::from_secs(30),
+        )?;
+        let scrape_interval = duration(
+            "scrape_interval",
+            raw.scrape_interval.as_ref(),
+            Duration::from_secs(1),
+        )?;
+        if scrape_interval < Duration::from_millis(50) {
+            return Err(key_err("scrape_interval", "must be at least 50ms"));
+        }
+        let max_header_bytes = match &raw.max_header_bytes {
+            None => 16 * 1024,
+            Some(v) => parse_bytes(v)
+                .filter(|b| *b >= 1024)
+                .ok_or_else(|| key_err("max_header_bytes", "must be a size of at least 1KiB"))?
+                as usize,
+        };
+        if raw.lanes.is_empty() {
+            return Err(key_err("lanes", "at least one [[lanes]] table is required"));
+        }
+        let mut lanes = Vec::with_capacity(raw.lanes.len());
+        for (i, lane) in raw.lanes.into_iter().enumerate() {
+            lanes.push(lane_config(i, lane)?);
+        }
+        let config = ServeConfig {
+            listen,
+            api_keys,
+            max_inflight_total,
+            shutdown_grace,
+            max_header_bytes,
+            scrape_interval,
+            lanes,
+        };
+        // Let the gate check what it owns (names, yield_to targets).
+        headroom_gate::Gate::new(config.lane_specs(), max_inflight_total, None)
+            .map_err(|e| key_err("lanes", e.to_string()))?;
+        Ok(config)
+    }
+
+    pub fn lane_specs(&self) -> Vec<LaneSpec> {
+        self.lanes.iter().map(|l| l.spec.clone()).collect()
+    }
+
+    /// Whether any lane needs GPU memory readings to admit work.
+    pub fn needs_gpu_probe(&self) -> bool {
+        self.lanes.iter().any(|l| l.spec.gpu.is_some())
+    }
+}
+
+const ROUTES: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/audio/speech",
+];
+
+fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
+    let name = raw.name.trim().to_string();
+    let k = |key: &str| format!("lanes[{index}] ({name}).{key}");
+    if name.is_empty() {
+        return Err(key_err(format!("lanes[{index}].name"), "must not be empty"));
+    }
+    if raw.paths.is_empty() {
+        return Err(key_err(k("paths"), "at least one path is required"));
+    }
+    for p in &raw.paths {
+        if !ROUTES.contains(&p.as_str()) {
+            return Err(key_err(
+                k("paths"),
+                format!(
+                    "`{p}` is not a route the gateway serves ({})",
+                    ROUTES.join(", ")
+                ),
+            ));
+        }
+    }
+    if raw.upstreams.is_empty() {
+        return Err(key_err(
+            k("upstreams"),
+            "at least one upstream URL is required",
+        ));
+    }
+    let mut upstreams = Vec::new();
+    for u in &raw.upstreams {
+        let trimmed = u.trim_end_matches('/');
+        let ok = trimmed
+            .strip_prefix("http://")
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'));
+        if !ok {
+            return Err(key_err(
+                k("upstreams"),
+                format!("`{u}` must look like http://HOST:PORT (plain HTTP, no path)"),
+            ));
+        }
+        upstreams.push(trimmed.to_string());
+    }
+    let count =
+        |key: &str, v: Option<i64>, default: usize, min: i64| -> Result<usize, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(n) if n >= min => Ok(n as usize),
+                Some(n) => Err(key_err(k(key), format!("{n} is below the minimum {min}"))),
+            }
+        };
+    let duration = |key: &str, v: &Option<String>, default: Duration| match v {
+        None => Ok(default),
+        Some(s) => parse_duration(s).ok_or_else(|| {
+            key_err(
+                k(key),
+                format!("`{s}` is not a duration like 500ms, 5s or 2m"),
+            )
+        }),
+    };
+    let bytes = |key: &str, v: &Option<toml::Value>| -> Result<Option<u64>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(v) => parse_bytes(v).map(Some).ok_or_else(|| {
+                key_err(k(key), "must be a byte count or a size like 512MiB or 2GiB")
+            }),
+        }
+    };
+    let positive = |key: &str, v: Option<i64>| -> Result<Option<u64>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(n) if n >= 1 => Ok(Some(n as u64)),
+            Some(n) => Err(key_err(k(key), format!("{n} must be at least 1"))),
+        }
+    };
+    let policy = match raw.policy.as_deref() {
+        None => Policy::Reject,
+        Some(p) => Policy::parse(p).ok_or_else(|| {
+            key_err(
+                k("policy"),
+                format!("`{p}` is not one of reject, queue, fallback"),
+            )
+        })?,
+    };
+    let fallback = match raw.fallback.as_deref() {
+        None => None,
+        Some("rule-based-cleanup") => Some(FallbackKind::RuleBasedCleanup),
+        Some(other) => {
+            return Err(key_err(
+                k("fallback"),
+                format!("`{other}` is not a known fallback (rule-based-cleanup)"),
+            ));
+        }
+    };
+    if policy == Policy::Fallback && fallback.is_none() {
+        return Err(key_err(
+            k("fallback"),
+            "policy = \"fallback\" needs fallback = \"rule-based-cleanup\"",
+        ));
+    }
+    let output_tokens_mode = match raw.output_tokens_mode.as_deref() {
+        None | Some("cap") => OutputTokensMode::Cap,
+        Some("reject") => OutputTokensMode::Reject,
+        Some(other) => {
+            return Err(key_err(
+                k("output_tokens_mode"),
+                format!("`{other}` is not cap or reject"),
+            ));
+        }
+    };
+    if let Some(s) = raw.max_audio_seconds
+        && !(s.is_finite() && s > 0.0)
+    {
+        return Err(key_err(
+            k("max_audio_seconds"),
+            "must be a positive number of seconds",
+        ));
+    }
+    let gpu_per_job = bytes("gpu_memory_per_job", &raw.gpu_memory_per_job)?;
+    let gpu_per_second = bytes(
+        "gpu_memory_per_audio_second",
+        &raw.gpu_memory_per_audio_second,
+    )?;
+    let gpu = if gpu_per_job.is_some() || gpu_per_second.is_some() {
+        Some(GpuNeed {
+            device: match raw.gpu_device {
+                None => 0,
+                Some(d) if d >= 0 => d as u32,
+                Some(_) => {
+                    return Err(key_err(
+                        k("gpu_device"),
+                        "must be a device index (0 or more)",
+                    ));
+                }
+            },
+            bytes_per_job: gpu_per_job.unwrap_or(0),
+            bytes_per_audio_second: gpu_per_second.unwrap_or(0),
+            margin_bytes: bytes("gpu_memory_margin", &raw.gpu_memory_margin)?.unwrap_or(0),
+            fail_open: raw.gpu_fail_open.unwrap_or(false),
+        })
+    } else {
+        None
+    };
+    let engine_kind = match raw.engine.as_deref() {
+        None => None,
+        Some("vllm") => Some(EngineKind::Vllm),
+        Some("llamacpp" | "llama.cpp") => Some(EngineKind::LlamaCpp),
+        Some(other) => {
+            return Err(key_err(
+                k("engine"),
+                format!("`{other}` is not vllm or llamacpp"),
+            ));
+        }
+    };
+    if let Some(kv) = raw.engine_max_kv_cache_usage
+        && !(0.0..=1.0).contains(&kv)
+    {
+        return Err(key_err(
+            k("engine_max_kv_cache_usage"),
+            "must be a fraction between 0 and 1",
+        ));
+    }
+    let engine = if raw.engine_max_waiting.is_some() || raw.engine_max_kv_cache_usage.is_some() {
+        if engine_kind.is_none() {
+            return Err(key_err(
+                k("engine"),
+                "engine thresholds need engine = \"vllm\" or \"llamacpp\" so its metrics can be read",
+            ));
+        }
+        Some(EngineLimits {
+            max_waiting: raw.engine_max_waiting,
+            max_kv_cache_usage: raw.engine_max_kv_cache_usage,
+            stale_after: duration(
+                "engine_metrics_stale_after",
+                &raw.engine_metrics_stale_after,
+                Duration::from_secs(5),
+            )?,
+            fail_open: raw.engine_fail_open.unwrap_or(false),
+        })
+    } else {
+        None
+    };
+    let upstream_api_key = match (&raw.upstream_api_key, &raw.upstream_api_key_env) {
+        (Some(key), _) => Some(key.clone()),
+        (None, Some(var)) => Some(std::env::var(var).map_err(|_| {
+            key_err(
+                k("upstream_api_key_env"),
+                format!("environment variable {var} is not set"),
+            )
+        })?),
+        (None, None) => None,
+    };
+    let spec = LaneSpec {
+        name: name.clone(),
+        priority: raw
+            .priority
+            .unwrap_or(0)
+            .clamp(i32::MIN as i64, i32::MAX as i64) as i32,
+        max_inflight: count("max_inflight", raw.max_inflight, 1, 1)?,
+        max_queue: count("max_queue", raw.max_queue, 0, 0)?,
+        queue_timeout: duration("queue_timeout", &raw.queue_timeout, Duration::from_secs(5))?,
+        request_timeout: duration(
+            "request_timeout",
+            &raw.request_timeout,
+            Duration::from_secs(60),
+        )?,
+        policy,
+        yield_to: raw.yield_to,
+        max_yield: duration("max_yield", &raw.max_yield, Duration::from_secs(10))?,
+        upstreams,
+        gpu,
+        engine,
+    };
+    if spec.request_timeout.is_zero() {
+        return Err(key_err(k("request_timeout"), "must be longer than 0"));
+    }
+    Ok(LaneConfig {
+        spec,
+        paths: raw.paths,
+        models: raw.models,
+        chat_audio: raw.chat_audio,
+        max_body_bytes: bytes("max_body_bytes", &raw.max_body_bytes)?.unwrap_or(DEFAULT_MAX_BODY),
+        max_input_tokens: positive("max_input_tokens", raw.max_input_tokens)?,
+        tokenizer_path: raw.tokenizer.map(std::path::PathBuf::from),
+        tokenizer: None,
+        max_output_tokens: positive("max_output_tokens", raw.max_output_tokens)?,
+        output_tokens_mode,
+        max_audio_seconds: raw.max_audio_seconds,
+        fallback,
+        engine: engine_kind,
+        metrics_path: raw.metrics_path.unwrap_or_else(|| "/metrics".into()),
+        upstream_api_key,
+    })
+}
+
+/// The commented example printed by `headroom serve --print-example-config`. Every key appears.
+pub const EXAMPLE_CONFIG: &str = r#"# headroom serve configuration. Durations accept ms, s, m (e.g. "500ms", "5s", "2m");
+# sizes accept a byte count or KiB/MiB/GiB (KB/MB/GB) strings.
+
+# Address to listen on. Anything other than a loopback address requires API keys.
+listen = "127.0.0.1:8080"
+
+# Bearer keys clients must send (Authorization: Bearer KEY). Compared in constant time.
+# Required whenever `listen` is not loopback. /healthz and /readyz stay open.
+api_keys = []
+# Extra keys read from an environment variable, comma separated (optional).
+# api_keys_env = "HEADROOM_API_KEYS"
+
+# Cap on requests in flight across all lanes together (they share one GPU). Optional.
+# max_inflight_total = 4
+
+# On SIGTERM/Ctrl-C: stop accepting, let in-flight work finish for at most this long.
+shutdown_grace = "30s"
+# Requests whose headers together exceed this get 431.
+max_header_bytes = "16KiB"
+# How often engine /metrics and the GPU probe are read.
+scrape_interval = "1s"
+
+[[lanes]]
+name = "audio"                         # shown in metrics, /admin/lanes, x-headroom-lane
+# Routes this lane serves. A request goes to the lane named in its x-headroom-lane header,
+# else to the first lane whose `models` matches the request's model, else to the first lane
+# with an empty `models` list that serves the route.
+paths = ["/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/speech"]
+models = []                            # exact names or prefixes ending in "*"; empty = any
+chat_audio = false                     # true: chat requests carrying audio parts come here
+upstreams = ["http://127.0.0.1:8001"]  # replicas; the least loaded one gets each request
+priority = 10                          # higher goes first when lanes compete for max_inflight_total
+max_inflight = 1                       # requests running upstream at once
+max_queue = 8                          # requests allowed to wait (0 allowed)
+queue_timeout = "30s"                  # longest wait in the queue, then 503 queue_timeout
+request_timeout = "120s"               # whole-request deadline, then 504 (or a final SSE error event)
+policy = "queue"                       # reject | queue | fallback
+max_body_bytes = "25MiB"               # larger bodies get 413 before they are read
+max_audio_seconds = 600.0              # from the WAV/FLAC/MP3/OGG header; longer gets 413
+# GPU memory one job needs; the lane admits only while the probe reports this much free.
+# gpu_device = 0
+# gpu_memory_per_job = "1GiB"
+# gpu_memory_per_audio_second = "4MiB"
+# gpu_memory_margin = "512MiB"
+# gpu_fail_open = false                # true: admit when the GPU cannot be read
+# upstream_api_key = "..."             # Bearer key sent upstream (or upstream_api_key_env = "VAR")
+
+[[lanes]]
+name = "text"
+paths = ["/v1/chat/completions", "/v1/completions"]
+upstreams = ["http://127.0.0.1:8000"]
+priority = 0
+max_inflight = 2
+max_queue = 0
+queue_timeout = "5s"
+request_timeout = "60s"
+policy = "fallback"                    # overloaded requests get the fallback below
+fallback = "rule-based-cleanup"        # chat answered by the rule-based transcript cleaner
+yield_to = ["audio"]                   # admit nothing new while audio has work...
+max_yield = "2s"                       # ...for at most this long, so text never starves
+max_body_bytes = "1MiB"
+max_input_tokens = 8192                # counted with `tokenizer`, else estimated as characters / 4
+# tokenizer = "/models/llm/tokenizer.json"  # the model's tokenizer.json (relative: to this file)
+max_output_tokens = 1024
+output_tokens_mode = "cap"             # cap: lower max_tokens to the cap; reject: answer 400
+engine = "vllm"                        # vllm | llamacpp: read its /metrics for admission
+metrics_path = "/metrics"
+engine_max_waiting = 4                 # hold while the engine's own queue is longer
+engine_max_kv_cache_usage = 0.9        # hold while KV cache usage is above this fraction
+engine_metrics_stale_after = "5s"      # older metrics count as saturated...
+engine_fail_open = false               # ...unless this is true
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"listen = "127.0.0.1:8080"
+[[lanes]]
+name = "text"
+paths = ["/v1/chat/completions", "/v1/completions"]
+upstreams = ["http://127.0.0.1:8000"]
+max_inflight = 2
+max_queue = 0
+queue_timeout = "5s"
+request_timeout = "60s"
+policy = "reject"
+[[lanes]]
+name = "audio"
+paths = ["/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/speech"]
+upstreams = ["http://127.0.0.1:8001"]
+max_inflight = 1
+max_queue = 8
+queue_timeout = "30s"
+request_timeout = "120s"
+policy = "queue"
+"#;
+
+    #[test]
+    fn the_minimal_file_from_the_issue_parses_as_written() {
+        let c = ServeConfig::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.lanes.len(), 2);
+        let text = &c.lanes[0];
+        assert_eq!(text.spec.name, "text");
+        assert_eq!(text.spec.max_inflight, 2);
+        assert_eq!(text.spec.max_queue, 0);
+        assert_eq!(text.spec.queue_timeout, Duration::from_secs(5));
+        assert_eq!(text.spec.request_timeout, Duration::from_secs(60));
+        assert_eq!(text.spec.policy, Policy::Reject);
+        assert_eq!(text.spec.upstreams, vec!["http://127.0.0.1:8000"]);
+        let audio = &c.lanes[1];
+        assert_eq!(audio.paths.len(), 3);
+        assert_eq!(audio.spec.max_queue, 8);
+        assert_eq!(audio.spec.queue_timeout, Duration::from_secs(30));
+        assert_eq!(audio.spec.policy, Policy::Queue);
+        assert!(c.api_keys.is_empty());
+    }
+
+    #[test]
+    fn the_example_parses_and_names_every_raw_key() {
+        let c = ServeConfig::from_toml(EXAMPLE_CONFIG).unwrap();
+        assert_eq!(c.lanes.len(), 2);
+        assert_eq!(c.lanes[1].fallback, Some(FallbackKind::RuleBasedCleanup));
+        assert_eq!(c.lanes[1].spec.yield_to, vec!["audio"]);
+        for key in [
+            "listen",
+            "api_keys",
+            "api_keys_env",
+            "max_inflight_total",
+            "shutdown_grace",
+            "max_header_bytes",
+            "scrape_interval",
+            "name",
+            "paths",
+            "models",
+            "chat_audio",
+            "upstreams",
+            "max_inflight",
+            "max_queue",
+            "queue_timeout",
+            "request_timeout",
+            "policy",
+            "priority",
+            "yield_to",
+            "max_yield",
+            "max_body_bytes",
+            "max_input_tokens",
+            "max_output_tokens",
+            "output_tokens_mode",
+            "max_audio_seconds",
+            "fallback",
+            "gpu_device",
+            "gpu_memory_per_job",
+            "gpu_memory_per_audio_second",
+            "gpu_memory_margin",
+            "gpu_fail_open",
+            "engine",
+            "metrics_path",
+            "engine_max_waiting",
+            "engine_max_kv_cache_usage",
+            "engine_metrics_stale_after",
+            "engine_fail_open",
+            "upstream_api_key",
+            "upstream_api_key_env",
+        ] {
+            assert!(
+                EXAMPLE_CONFIG.contains(&format!("{key} =")),
+                "example lacks {key}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases = [
+            ("listen = \"nope\"", "`listen`"),
+            ("listen = \"0.0.0.0:8080\"", "`api_keys`"),
+            ("bogus = 1", "unknown field"),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/x\"]\nupstreams=[\"http://a:1\"]",
+                "paths",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"https://a\"]",
+                "upstreams",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\nqueue_timeout=\"5 parsecs\"",
+                "queue_timeout",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\npolicy=\"maybe\"",
+                "policy",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\nmax_inflight=0",
+                "max_inflight",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\nyield_to=[\"x\"]",
+                "unknown lane",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\npolicy=\"fallback\"",
+                "fallback",
+            ),
+            ("listen = \"127.0.0.1:1\"", "lanes"),
+        ];
+        for (text, want) in cases {
+            let err = ServeConfig::from_toml(text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?} gave {err:?}, wanted {want:?}");
+        }
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("7"), Some(Duration::from_secs(7)));
+        assert_eq!(parse_duration("-1s"), None);
+        assert_eq!(parse_duration("1 fortnight"), None);
+        assert_eq!(
+            parse_bytes(&toml::Value::String("2GiB".into())),
+            Some(2 << 30)
+        );
+        assert_eq!(
+            parse_bytes(&toml::Value::String("10MB".into())),
+            Some(10_000_000)
+        );
+        assert_eq!(parse_bytes(&toml::Value::Integer(42)), Some(42));
+        assert_eq!(parse_bytes(&toml::Value::Integer(-1)), None);
+        assert_eq!(parse_bytes(&toml::Value::String("lots".into())), None);
+    }
+}

@@ -1,0 +1,244 @@
+//! OpenAI's error shape `{"error":{"message","type","param","code"}}`, the one place HTTP status
+//! codes are chosen for gate refusals, and the conversion of upstream errors in other shapes.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use headroom_gate::{RejectReason, Rejection};
+use serde_json::{Value, json};
+
+/// An error answered to the client.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+    pub code: String,
+    pub retry_after: Option<Duration>,
+    /// Ask the client to close the connection (the request body was left unread).
+    pub close: bool,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            param: None,
+            code: code.to_string(),
+            retry_after: None,
+            close: false,
+        }
+    }
+
+    /// Marks the answer as given before the request body was read, so the connection closes.
+    pub fn closing(mut self) -> ApiError {
+        self.close = true;
+        self
+    }
+
+    pub fn bad_request(code: &str, param: Option<&str>, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message).with_param(param)
+    }
+
+    pub fn with_param(mut self, param: Option<&str>) -> ApiError {
+        self.param = param.map(String::from);
+        self
+    }
+
+    /// OpenAI's `type` for a status.
+    pub fn error_type(status: StatusCode) -> &'static str {
+        match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": Self::error_type(self.status),
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+
+    /// The error as one SSE event, for failures after a stream has started.
+    pub fn sse_event(&self) -> String {
+        format!("data: {}\n\n", self.body())
+    }
+
+    /// A gate refusal: 429 for a full queue or saturation, 503 when the queue wait ran out or
+    /// the gateway is shutting down. Both carry Retry-After.
+    pub fn from_rejection(r: &Rejection) -> ApiError {
+        let status = match r.reason {
+            RejectReason::QueueTimeout | RejectReason::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => StatusCode::TOO_MANY_REQUESTS,
+        };
+        ApiError {
+            status,
+            message: format!("lane `{}`: {}", r.lane, r.reason.describe()),
+            param: None,
+            code: r.reason.code().to_string(),
+            retry_after: Some(r.retry_after),
+            close: false,
+        }
+    }
+
+    pub fn deadline(lane: &str, timeout: Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "deadline",
+            format!(
+                "lane `{lane}`: the request did not finish within its deadline of {} ms",
+                timeout.as_millis()
+            ),
+        )
+    }
+}
+
+/// Retry-After in whole seconds (at least 1) and retry-after-ms (at least 1).
+pub fn retry_after_values(d: Duration) -> (u64, u64) {
+    let ms = (d.as_millis() as u64).max(1);
+    (ms.div_ceil(1000).max(1), ms)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(d) = self.retry_after {
+            let (secs, ms) = retry_after_values(d);
+            let headers = response.headers_mut();
+            headers.insert("retry-after", HeaderValue::from(secs));
+            headers.insert("retry-after-ms", HeaderValue::from(ms));
+        }
+        if self.close {
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                HeaderValue::from_static("close"),
+            );
+        }
+        response
+    }
+}
+
+/// Turns an upstream error body of any shape into OpenAI's, keeping the upstream status.
+pub fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
+    let text = String::from_utf8_lossy(body);
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let pick = |v: &Value| -> Option<(String, Option<String>, Option<String>)> {
+        let e = v.get("error")?;
+        match e {
+            Value::String(s) => Some((s.clone(), None, None)),
+            Value::Object(_) => {
+                let message = e.get("message").and_then(Value::as_str)?.to_string();
+                let param = e.get("param").and_then(Value::as_str).map(String::from);
+                let code = match e.get("code") {
+                    Some(Value::String(s)) => Some(s.clone()),
+                    _ => e.get("type").and_then(Value::as_str).map(String::from),
+                };
+                Some((message, param, code))
+            }
+            _ => None,
+        }
+    };
+    let (message, param, code) = match &parsed {
+        Some(v) => pick(v)
+            .or_else(|| {
+                let detail = v.get("detail")?;
+                pick(detail).or_else(|| {
+                    Some((
+                        match detail {
+                            Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        },
+                        None,
+                        None,
+                    ))
+                })
+            })
+            .unwrap_or_else(|| (truncate(&v.to_string()), None, None)),
+        None => (truncate(text.trim()), None, None),
+    };
+    let message = if message.is_empty() {
+        format!(
+            "upstream answered {} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        )
+    } else {
+        message
+    };
+    ApiError {
+        status,
+        message,
+        param,
+        code: code.unwrap_or_else(|| "upstream_error".to_string()),
+        retry_after: None,
+        close: false,
+    }
+}
+
+fn truncate(s: &str) -> String {
+    const MAX: usize = 1000;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_errors_of_other_shapes_become_openai_shape() {
+        let fastapi = from_upstream(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            br#"{"detail":"bad file"}"#,
+        );
+        assert_eq!(fastapi.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(fastapi.message, "bad file");
+        let wrapped = from_upstream(
+            StatusCode::BAD_REQUEST,
+            br#"{"detail":{"error":{"message":"no audio","type":"invalid_request_error"}}}"#,
+        );
+        assert_eq!(wrapped.message, "no audio");
+        let plain = from_upstream(StatusCode::INTERNAL_SERVER_ERROR, b"Internal Server Error");
+        assert_eq!(plain.message, "Internal Server Error");
+        assert_eq!(plain.body()["error"]["type"], "server_error");
+        let llama = from_upstream(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":{"code":400,"message":"too long","type":"exceed_context_size_error"}}"#,
+        );
+        assert_eq!(llama.message, "too long");
+        assert_eq!(llama.code, "exceed_context_size_error");
+        let empty = from_upstream(StatusCode::BAD_GATEWAY, b"");
+        assert!(empty.message.contains("502"));
+        let tgi = from_upstream(
+            StatusCode::TOO_MANY_REQUESTS,
+            br#"{"error":"Model is overloaded","error_type":"overloaded"}"#,
+        );
+        assert_eq!(tgi.message, "Model is overloaded");
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_values(Duration::from_millis(1)), (1, 1));
+        assert_eq!(retry_after_values(Duration::from_millis(1500)), (2, 1500));
+        assert_eq!(retry_after_values(Duration::ZERO), (1, 1));
+    }
+}

@@ -1,0 +1,228 @@
+//! Engine metrics: parsing Prometheus text from vLLM (`vllm:num_requests_waiting`,
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc` or its older name
+//! `vllm:gpu_cache_usage_perc`) and llama.cpp (`llamacpp:requests_deferred`,
+//! `llamacpp:requests_processing`, with `/slots` when `/metrics` is off), and the loops that feed
+//! them and GPU memory readings to the gate and to the gauges.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use headroom_gate::{EngineLoad, Gate};
+use headroom_gpu::GpuProbe;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::config::EngineKind;
+use crate::telemetry::{
+    GPU_MEMORY_USED_BYTES, Telemetry, UPSTREAM_KV_CACHE_USAGE, UPSTREAM_REQUESTS_RUNNING,
+    UPSTREAM_REQUESTS_WAITING,
+};
+
+/// Sum of one metric over all its label sets (e.g. several `model_name`s); `None` when absent.
+pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    metric_fold(text, name, |a, b| a + b)
+}
+
+fn metric_max(text: &str, name: &str) -> Option<f64> {
+    metric_fold(text, name, f64::max)
+}
+
+fn metric_fold(text: &str, name: &str, fold: fn(f64, f64) -> f64) -> Option<f64> {
+    let mut acc: Option<f64> = None;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || !line.starts_with(name) {
+            continue;
+        }
+        let rest = &line[name.len()..];
+        let rest = if let Some(r) = rest.strip_prefix('{') {
+            match r.find('}') {
+                Some(i) => &r[i + 1..],
+                None => continue,
+            }
+        } else if rest.starts_with(' ') || rest.starts_with('\t') {
+            rest
+        } else {
+            continue; // a longer name sharing the prefix
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if value.is_finite() {
+            acc = Some(acc.map_or(value, |a| fold(a, value)));
+        }
+    }
+    acc
+}
+
+/// Engine load from a `/metrics` text.
+pub fn parse_engine_metrics(kind: EngineKind, text: &str, at: Instant) -> Option<EngineLoad> {
+    let load = match kind {
+        EngineKind::Vllm => EngineLoad {
+            waiting: metric_sum(text, "vllm:num_requests_waiting"),
+            running: metric_sum(text, "vllm:num_requests_running"),
+            kv_cache_usage: metric_max(text, "vllm:kv_cache_usage_perc")
+                .or_else(|| metric_max(text, "vllm:gpu_cache_usage_perc")),
+            observed_at: at,
+        },
+        EngineKind::LlamaCpp => EngineLoad {
+            waiting: metric_sum(text, "llamacpp:requests_deferred"),
+            running: metric_sum(text, "llamacpp:requests_processing"),
+            // llama.cpp removed its KV-usage gauge (kv_cache_usage_ratio); read it if present.
+            kv_cache_usage: metric_max(text, "llamacpp:kv_cache_usage_ratio"),
+            observed_at: at,
+        },
+    };
+    (load.waiting.is_some() || load.running.is_some() || load.kv_cache_usage.is_some())
+        .then_some(load)
+}
+
+/// Engine load from llama.cpp's `/slots` JSON: busy slots are running; nothing is known to wait.
+pub fn parse_llamacpp_slots(body: &str, at: Instant) -> Option<EngineLoad> {
+    let slots: Value = serde_json::from_str(body).ok()?;
+    let slots = slots.as_array()?;
+    let busy = slots
+        .iter()
+        .filter(|s| {
+            s.get("is_processing")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                || s.get("state")
+                    .and_then(Value::as_i64)
+                    .is_some_and(|st| st != 0)
+        })
+        .count();
+    Some(EngineLoad {
+        waiting: None,
+        running: Some(busy as f64),
+        kv_cache_usage: None,
+        observed_at: at,
+    })
+}
+
+/// One upstream whose engine metrics are read.
+#[derive(Debug, Clone)]
+pub struct ScrapeTarget {
+    pub upstream: String,
+    pub kind: EngineKind,
+    pub metrics_path: String,
+}
+
+async fn scrape_once(
+    client: &reqwest::Client,
+    t: &ScrapeTarget,
+    timeout: Duration,
+) -> Option<EngineLoad> {
+    let url = format!("{}{}", t.upstream, t.metrics_path);
+    let get = |url: String| async move {
+        let resp = tokio::time::timeout(timeout, client.get(url).send())
+            .await
+            .ok()?
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        tokio::time::timeout(timeout, resp.text()).await.ok()?.ok()
+    };
+    if let Some(text) = get(url).await
+        && let Some(load) = parse_engine_metrics(t.kind, &text, Instant::now())
+    {
+        return Some(load);
+    }
+    if t.kind == EngineKind::LlamaCpp {
+        let body = get(format!("{}/slots", t.upstream)).await?;
+        return parse_llamacpp_slots(&body, Instant::now());
+    }
+    None
+}
+
+/// Reads every target's metrics every `interval`, forever; failures leave the last reading to
+/// go stale (which the gate treats as saturated unless the lane says fail-open).
+pub async fn scrape_loop(
+    client: reqwest::Client,
+    targets: Vec<ScrapeTarget>,
+    gate: Gate,
+    telemetry: Arc<Telemetry>,
+    interval: Duration,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for t in &targets {
+            if let Some(load) = scrape_once(&client, t, interval).await {
+                let labels = [("upstream", t.upstream.as_str())];
+                if let Some(kv) = load.kv_cache_usage {
+                    telemetry.gauge(UPSTREAM_KV_CACHE_USAGE, &labels).set(kv);
+                }
+                if let Some(w) = load.waiting {
+                    telemetry.gauge(UPSTREAM_REQUESTS_WAITING, &labels).set(w);
+                }
+                if let Some(r) = load.running {
+                    telemetry.gauge(UPSTREAM_REQUESTS_RUNNING, &labels).set(r);
+                }
+                gate.set_engine_load(&t.upstream, load);
+            }
+        }
+    }
+}
+
+/// Publishes GPU memory in use every `interval`.
+pub async fn gpu_loop(probe: Arc<dyn GpuProbe>, telemetry: Arc<Telemetry>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let p = probe.clone();
+        let Ok(Ok(devices)) = tokio::task::spawn_blocking(move || p.snapshot()).await else {
+            continue;
+        };
+        for d in devices {
+            let index = d.index.to_string();
+            telemetry
+                .gauge(GPU_MEMORY_USED_BYTES, &[("gpu", &index)])
+                .set(d.used_bytes as f64);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = "# HELP vllm:num_requests_waiting Number of requests waiting.\n\
+# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{engine=\"0\",model_name=\"a\"} 3.0\n\
+vllm:num_requests_waiting{engine=\"0\",model_name=\"b\"} 1.0\n\
+vllm:num_requests_running{engine=\"0\",model_name=\"a\"} 2.0\n\
+vllm:num_requests_waiting_by_reason{reason=\"x\"} 99\n\
+vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"a\"} 0.42\n";
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_vllm_current_and_old_names() {
+        let now = Instant::now();
+        let l = parse_engine_metrics(EngineKind::Vllm, VLLM, now).unwrap();
+        assert_eq!(l.waiting, Some(4.0));
+        assert_eq!(l.running, Some(2.0));
+        assert_eq!(l.kv_cache_usage, Some(0.42));
+        let old = "vllm:gpu_cache_usage_perc{model_name=\"a\"} 0.9\nvllm:num_requests_waiting 0\n";
+        let l = parse_engine_metrics(EngineKind::Vllm, old, now).unwrap();
+        assert_eq!(l.kv_cache_usage, Some(0.9));
+        assert!(parse_engine_metrics(EngineKind::Vllm, "unrelated 1\n", now).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_llamacpp_metrics_and_slots() {
+        let now = Instant::now();
+        let text = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n";
+        let l = parse_engine_metrics(EngineKind::LlamaCpp, text, now).unwrap();
+        assert_eq!((l.running, l.waiting), (Some(2.0), Some(1.0)));
+        let slots = r#"[{"id":0,"is_processing":true},{"id":1,"is_processing":false}]"#;
+        assert_eq!(parse_llamacpp_slots(slots, now).unwrap().running, Some(1.0));
+        assert!(parse_llamacpp_slots("not json", now).is_none());
+    }
+}

@@ -1,0 +1,90 @@
+//! The gateway's own Prometheus metrics: one recorder per gateway (no global state, so several
+//! gateways can share a process), the metric names, and rendering for `/metrics`.
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+use headroom_gate::GateSnapshot;
+
+pub const REQUESTS_TOTAL: &str = "headroom_requests_total";
+pub const LANE_INFLIGHT: &str = "headroom_lane_inflight";
+pub const LANE_QUEUE_DEPTH: &str = "headroom_lane_queue_depth";
+pub const QUEUE_WAIT_SECONDS: &str = "headroom_queue_wait_seconds";
+pub const TTFT_SECONDS: &str = "headroom_ttft_seconds";
+pub const REQUEST_DURATION_SECONDS: &str = "headroom_request_duration_seconds";
+pub const REJECTIONS_TOTAL: &str = "headroom_rejections_total";
+pub const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
+pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
+pub const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
+pub const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
+pub const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
+
+const SECONDS_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// The gateway's metrics registry.
+pub struct Telemetry {
+    recorder: PrometheusRecorder,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
+    let labels: Vec<Label> = labels
+        .iter()
+        .map(|(k, v)| Label::new(*k, v.to_string()))
+        .collect();
+    Key::from_parts(name, labels)
+}
+
+impl Telemetry {
+    pub fn new() -> Telemetry {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+            .expect("bucket list is not empty");
+        Telemetry {
+            recorder: builder.build_recorder(),
+        }
+    }
+
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Counter {
+        self.recorder
+            .register_counter(&key(name, labels), &METADATA)
+    }
+
+    pub fn gauge(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Gauge {
+        self.recorder.register_gauge(&key(name, labels), &METADATA)
+    }
+
+    pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
+        self.recorder
+            .register_histogram(&key(name, labels), &METADATA)
+    }
+
+    /// Counts one finished request by outcome.
+    pub fn outcome(&self, lane: &str, outcome: &str) {
+        self.counter(REQUESTS_TOTAL, &[("lane", lane), ("outcome", outcome)])
+            .increment(1);
+    }
+
+    /// Sets the lane gauges from the gate's snapshot and renders the text exposition format.
+    pub fn render(&self, snapshot: &GateSnapshot) -> String {
+        for lane in &snapshot.lanes {
+            self.gauge(LANE_INFLIGHT, &[("lane", &lane.name)])
+                .set(lane.inflight as f64);
+            self.gauge(LANE_QUEUE_DEPTH, &[("lane", &lane.name)])
+                .set(lane.queued as f64);
+        }
+        let handle = self.recorder.handle();
+        handle.run_upkeep();
+        handle.render()
+    }
+}

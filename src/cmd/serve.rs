@@ -1,0 +1,143 @@
+//! `headroom serve`: reads the gateway configuration, builds the GPU probe when a lane needs one,
+//! and runs `headroom-server` until SIGTERM or Ctrl-C, then drains within the grace period.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use headroom_gpu::GpuProbe;
+use headroom_server::{EXAMPLE_CONFIG, Gateway, ServeConfig};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Gateway configuration file (TOML). See --print-example-config.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "print_example_config"
+    )]
+    pub config: Option<PathBuf>,
+    /// Print a commented example configuration with every key and exit.
+    #[arg(long)]
+    pub print_example_config: bool,
+    /// Listen address, overriding the file's `listen` (port 0 picks a free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// Validate the configuration and exit without serving.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// The GPU probe for lanes that admit on free GPU memory. This build has no NVML probe wired in
+/// yet, so such lanes are refused at start unless they say `gpu_fail_open = true`.
+fn gpu_probe() -> Option<Arc<dyn GpuProbe>> {
+    None
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    if args.print_example_config {
+        print!("{EXAMPLE_CONFIG}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = args.config.context("--config FILE is required")?;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    let mut config =
+        ServeConfig::from_toml(&text).with_context(|| format!("config {}", path.display()))?;
+    // Tokenizer paths in the file are relative to the file.
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    for lane in &mut config.lanes {
+        if let Some(t) = &lane.tokenizer_path
+            && t.is_relative()
+        {
+            lane.tokenizer_path = Some(base.join(t));
+        }
+    }
+    if let Some(listen) = args.listen {
+        if !listen.ip().is_loopback() && config.api_keys.is_empty() {
+            anyhow::bail!(
+                "listen address {listen} is not loopback, so API keys are required (set api_keys in the config)"
+            );
+        }
+        config.listen = listen;
+    }
+    let probe = gpu_probe();
+    if probe.is_none() {
+        for lane in &config.lanes {
+            if let Some(need) = &lane.spec.gpu
+                && !need.fail_open
+            {
+                anyhow::bail!(
+                    "lane `{}` admits on free GPU memory (gpu_memory_*), but no GPU probe is available in this build; remove those keys or set gpu_fail_open = true",
+                    lane.spec.name
+                );
+            }
+        }
+    }
+    for lane in &mut config.lanes {
+        if let Some(t) = &lane.tokenizer_path {
+            lane.tokenizer =
+                Some(headroom_server::tokens::TokenCounter::load(t).map_err(anyhow::Error::msg)?);
+        }
+    }
+    if args.check {
+        println!(
+            "config {} is valid: {} lane(s)",
+            path.display(),
+            config.lanes.len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(config, probe))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(config: ServeConfig, probe: Option<Arc<dyn GpuProbe>>) -> anyhow::Result<()> {
+    let addr = config.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let bound = listener.local_addr()?;
+    let lanes: Vec<String> = config.lanes.iter().map(|l| l.spec.name.clone()).collect();
+    let grace = config.shutdown_grace;
+    let gateway = Gateway::new(config, probe)?;
+    println!("listening on {bound}");
+    let _ = std::io::stdout().flush();
+    eprintln!(
+        "headroom serve: lanes {}; SIGTERM drains for up to {} s",
+        lanes.join(", "),
+        grace.as_secs()
+    );
+    gateway.serve(listener, shutdown_signal()).await?;
+    eprintln!("headroom serve: stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    eprintln!("headroom serve: shutting down, draining in-flight work");
+}
