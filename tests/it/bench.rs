@@ -1176,3 +1176,35 @@ fn http_429_from_a_saturated_headroom_serve_gateway() {
     );
     drop(gateway);
 }
+
+/// A rate sweep against a server that holds four requests of 100 ms at a time (40 req/s) and
+/// rejects the rest: the steps well below capacity pass, the one above is saturated and ends the
+/// sweep.
+#[test]
+fn sweep_finds_the_saturation_point() {
+    let _serial = serial();
+    let server = start(Mode::Saturating { capacity: 4 }, Duration::from_millis(100), None);
+    let r = bench_json(&[
+        "--url",
+        &server.url(),
+        "--no-stream",
+        "--sweep",
+        "4,8,400,800",
+        "--duration",
+        "2s",
+    ]);
+    assert_eq!(r["load"]["mode"], "sweep");
+    let steps = r["sweep"]["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3, "the sweep stops at the first saturated step: {steps:?}");
+    let saturated: Vec<bool> = steps.iter().map(|s| s["saturated"].as_bool().unwrap()).collect();
+    assert_eq!(saturated, [false, false, true]);
+    assert_eq!(r["sweep"]["saturation_rps"], 8.0);
+    assert_eq!(u(&steps[0], "/requests_sent"), 8);
+    assert_eq!(u(&steps[1], "/requests_sent"), 16);
+    assert!(u(&steps[2], "/outcomes/http_429") > 400);
+    assert_eq!(
+        u(&r, "/requests_sent"),
+        steps.iter().map(|s| u(s, "/requests_sent")).sum::<u64>()
+    );
+    assert!(schema_errors(&r).is_empty(), "{:?}", schema_errors(&r));
+}

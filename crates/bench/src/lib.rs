@@ -166,7 +166,9 @@ pub async fn bench(
     ))
 }
 
-/// Offered rate kept up with: ok throughput ≥ 90 % of offered and under 5 % failures.
+/// A step is saturated when ok throughput falls under 80 % of the offered rate (the step's time
+/// includes draining its last requests, so a queueing server shows up as a longer step) or more
+/// than 5 % of its requests fail (429s included).
 fn saturated(rate: f64, run: &RunOutcome) -> bool {
     let ok = run
         .records
@@ -175,7 +177,7 @@ fn saturated(rate: f64, run: &RunOutcome) -> bool {
         .count() as f64;
     let total = run.records.len().max(1) as f64;
     let achieved = ok / run.duration.as_secs_f64().max(1e-9);
-    achieved < 0.9 * rate || (total - ok) / total > 0.05
+    achieved < 0.8 * rate || (total - ok) / total > 0.05
 }
 
 async fn run_sweep(

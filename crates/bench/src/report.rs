@@ -196,8 +196,8 @@ pub struct SweepStep {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SweepReport {
     pub steps: Vec<SweepStep>,
-    /// The highest offered rate the server kept up with (ok throughput ≥ 90 % of offered, < 5 %
-    /// failures); `None` when even the first step was saturated.
+    /// The highest offered rate the server kept up with (ok throughput ≥ 80 % of offered, at most
+    /// 5 % failures); `None` when even the first step was saturated.
     pub saturation_rps: Option<f64>,
 }
 
