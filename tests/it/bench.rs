@@ -1183,7 +1183,11 @@ fn http_429_from_a_saturated_headroom_serve_gateway() {
 #[test]
 fn sweep_finds_the_saturation_point() {
     let _serial = serial();
-    let server = start(Mode::Saturating { capacity: 4 }, Duration::from_millis(100), None);
+    let server = start(
+        Mode::Saturating { capacity: 4 },
+        Duration::from_millis(100),
+        None,
+    );
     let r = bench_json(&[
         "--url",
         &server.url(),
@@ -1195,8 +1199,15 @@ fn sweep_finds_the_saturation_point() {
     ]);
     assert_eq!(r["load"]["mode"], "sweep");
     let steps = r["sweep"]["steps"].as_array().unwrap();
-    assert_eq!(steps.len(), 3, "the sweep stops at the first saturated step: {steps:?}");
-    let saturated: Vec<bool> = steps.iter().map(|s| s["saturated"].as_bool().unwrap()).collect();
+    assert_eq!(
+        steps.len(),
+        3,
+        "the sweep stops at the first saturated step: {steps:?}"
+    );
+    let saturated: Vec<bool> = steps
+        .iter()
+        .map(|s| s["saturated"].as_bool().unwrap())
+        .collect();
     assert_eq!(saturated, [false, false, true]);
     assert_eq!(r["sweep"]["saturation_rps"], 8.0);
     assert_eq!(u(&steps[0], "/requests_sent"), 8);
