@@ -10,8 +10,6 @@ cd "$(dirname "$0")/.."
 
 DURATION="${DURATION:-10}"
 CONCURRENCY="${CONCURRENCY:-32}"
-ADDR="${ADDR:-127.0.0.1:18080}"
-URL="http://$ADDR"
 BODY='{"model":"trivial","messages":[{"role":"user","content":"hello"}],"max_tokens":1,"stream":false}'
 
 OHA="$(command -v oha || true)"
@@ -24,20 +22,19 @@ fi
 cargo build --release --quiet -p headroom --bin headroom
 cargo build --release --quiet -p headroom-bench --example trivial_server
 
-target/release/examples/trivial_server "$ADDR" &
+OUT="$(mktemp -d)"
+mkfifo "$OUT/addr"
+target/release/examples/trivial_server 127.0.0.1:0 >"$OUT/addr" &
 SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/${ADDR%:*}/${ADDR#*:}") 2>/dev/null; then break; fi
-    sleep 0.05
-done
+trap 'kill "$SERVER" 2>/dev/null || true; rm -rf "$OUT"' EXIT
+read -r ADDR <"$OUT/addr"
+URL="http://$ADDR"
+echo "trivial server on $URL"
 
 # Warm both up briefly so neither pays for cold connections in its figure.
 "$OHA" -z 1s -c "$CONCURRENCY" --no-tui -m POST -H 'content-type: application/json' -d "$BODY" \
     "$URL/v1/chat/completions" >/dev/null
 
-OUT="$(mktemp -d)"
-trap 'kill "$SERVER" 2>/dev/null || true; rm -rf "$OUT"' EXIT
 "$OHA" -z "${DURATION}s" -c "$CONCURRENCY" --no-tui --output-format json -m POST \
     -H 'content-type: application/json' -d "$BODY" "$URL/v1/chat/completions" >"$OUT/oha.json"
 target/release/headroom bench --url "$URL" --model trivial --no-stream --no-gpu \

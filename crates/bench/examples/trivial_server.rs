@@ -1,7 +1,8 @@
 //! A trivial OpenAI-shaped server for load-generator benchmarks: `/v1/models` and a fixed,
 //! non-streamed chat completion, answered at once. Used by `bench/bench-vs-oha.sh`.
 //!
-//! `cargo run --release -p headroom-bench --example trivial_server -- 127.0.0.1:18080`
+//! `cargo run --release -p headroom-bench --example trivial_server -- 127.0.0.1:0` prints the
+//! address it listens on as the first line of stdout.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -12,7 +13,7 @@ const ANSWER: &str = r#"{"id":"c","object":"chat.completion","choices":[{"index"
 fn main() -> std::io::Result<()> {
     let addr = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:18080".into());
+        .unwrap_or_else(|| "127.0.0.1:0".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -32,7 +33,7 @@ fn main() -> std::io::Result<()> {
                 post(|_body: Bytes| async { ([("content-type", "application/json")], ANSWER) }),
             );
         let listener = tokio::net::TcpListener::bind(&addr).await?;
-        eprintln!("trivial server on http://{}", listener.local_addr()?);
+        println!("{}", listener.local_addr()?);
         axum::serve(listener, app).await
     })
 }

@@ -124,7 +124,11 @@ async fn send(
     run_start: Instant,
     record: &mut RequestRecord,
 ) -> Instant {
-    let mut builder = client.post(spec.endpoint());
+    let Some(url) = spec.endpoint_url() else {
+        record.error = Some(format!("not a valid URL: {}", spec.endpoint()));
+        return Instant::now();
+    };
+    let mut builder = client.post(url.clone());
     if let Some(key) = &spec.api_key {
         builder = builder.bearer_auth(key);
     }

@@ -332,15 +332,16 @@ pub fn table(r: &SoakReport) -> String {
     };
     let _ = writeln!(
         out,
-        "{:>5} {:>8} {:>10} {:>10} {:>9} {:>12} {:>12} {:>10}",
-        "round", "sent", "ok req/s", "tok/s", "queue", "floor MiB", "peak MiB", "e2e p50"
+        "{:>5} {:>8} {:>8} {:>10} {:>10} {:>9} {:>12} {:>12} {:>10}",
+        "round", "sent", "failed", "ok req/s", "tok/s", "queue", "floor MiB", "peak MiB", "e2e p50"
     );
     for x in &r.rounds {
         let _ = writeln!(
             out,
-            "{:>5} {:>8} {:>10.2} {:>10.1} {:>9} {:>12} {:>12} {:>10}",
+            "{:>5} {:>8} {:>8} {:>10.2} {:>10.1} {:>9} {:>12} {:>12} {:>10}",
             x.round,
             x.requests_sent,
+            x.outcomes.total() - x.outcomes.ok,
             x.request_throughput_rps,
             x.output_token_throughput_tps,
             x.max_in_flight,

@@ -291,6 +291,8 @@ pub struct RequestSpec {
     pub weight: u32,
     /// Own load; `None` shares the run's load.
     pub load: Option<Load>,
+    /// The parsed endpoint, filled on first use (parsing it per request costs throughput).
+    pub endpoint_url: std::sync::OnceLock<Option<reqwest::Url>>,
 }
 
 impl RequestSpec {
@@ -299,6 +301,13 @@ impl RequestSpec {
         let base = self.url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base);
         format!("{base}{}", self.kind.path())
+    }
+
+    /// [`RequestSpec::endpoint`] parsed once; `None` when it is not a valid URL.
+    pub fn endpoint_url(&self) -> Option<&reqwest::Url> {
+        self.endpoint_url
+            .get_or_init(|| reqwest::Url::parse(&self.endpoint()).ok())
+            .as_ref()
     }
 }
 
@@ -486,6 +495,7 @@ pub fn build_spec(
         voice: o.voice.unwrap_or_else(|| d.voice.clone()),
         weight,
         load: o.load,
+        endpoint_url: std::sync::OnceLock::new(),
     })
 }
 
