@@ -1219,3 +1219,67 @@ fn sweep_finds_the_saturation_point() {
     );
     assert!(schema_errors(&r).is_empty(), "{:?}", schema_errors(&r));
 }
+
+/// `headroom soak` through the binary on a machine without a GPU driver (or with --no-gpu): the
+/// rounds run and are stored in the history file, and the verdict is missing with its reason
+/// instead of a made-up answer.
+#[test]
+fn soak_binary_without_gpu_keeps_rounds_and_says_why_there_is_no_verdict() {
+    let _serial = serial();
+    let server = start(Mode::Normal, Duration::from_millis(5), None);
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("h.sqlite");
+    let run = || {
+        headroom(&[
+            "soak",
+            "--url",
+            &server.url(),
+            "--no-gpu",
+            "--no-stream",
+            "--concurrency",
+            "2",
+            "--requests",
+            "10",
+            "--rounds",
+            "3",
+            "--gap",
+            "50ms",
+            "--format",
+            "json",
+            "--history",
+            history.to_str().unwrap(),
+        ])
+    };
+    let out = run();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rounds = r["rounds"].as_array().unwrap();
+    assert_eq!(rounds.len(), 3);
+    for round in rounds {
+        assert_eq!(u(round, "/outcomes/ok"), 10);
+        assert!(u(round, "/max_in_flight") <= 2);
+        assert!(round["idle_floor_bytes"].is_null());
+    }
+    assert!(r["leak"].is_null());
+    assert!(r["reason"].as_str().unwrap().contains("--no-gpu"), "{r}");
+    assert_eq!(r["history"]["rounds"], 3);
+    let again = run();
+    assert_eq!(again.status.code(), Some(0));
+    let r: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(
+        (u(&r, "/history/rounds"), u(&r, "/history/invocations")),
+        (6, 2)
+    );
+    // Progress lines go to stderr, one per round.
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("round ")).count(),
+        3,
+        "{stderr}"
+    );
+}
