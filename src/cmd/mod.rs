@@ -4,6 +4,7 @@ pub mod bench;
 pub mod plan;
 pub mod serve;
 pub mod soak;
+pub mod top;
 
 use std::process::ExitCode;
 
@@ -23,6 +24,8 @@ pub enum Command {
     Soak(soak::SoakArgs),
     /// Run the OpenAI-compatible gateway with audio and text lanes.
     Serve(serve::ServeArgs),
+    /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
+    Top(top::TopArgs),
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -31,6 +34,7 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => bench::run(args),
         Command::Soak(args) => soak::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Top(args) => top::run(args),
     }
 }
 

@@ -81,19 +81,19 @@ struct Fake {
     memory: Option<Memory>,
 }
 
-/// Holds a slot of the in-flight count until dropped (the end of a response body).
-struct Slot(Arc<Fake>);
+/// Holds a slot of the in-flight count until dropped (the end of a response body); carries the
+/// request's number (1-based, in arrival order).
+struct Slot(Arc<Fake>, u64);
 
 impl Slot {
-    fn take(fake: &Arc<Fake>) -> Slot {
+    fn take(fake: &Arc<Fake>, n: u64) -> Slot {
         let now = fake.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(m) = &fake.memory {
-            let n = fake.received.load(Ordering::SeqCst);
             let leaked = (m.leak_per_request.lock().unwrap())(n);
             m.resident.fetch_add(leaked, Ordering::SeqCst);
             m.publish(now);
         }
-        Slot(Arc::clone(fake))
+        Slot(Arc::clone(fake), n)
     }
 }
 
@@ -188,7 +188,7 @@ fn admit(fake: &Arc<Fake>, headers: &HeaderMap) -> Result<Slot, Box<Response>> {
             "invalid API key",
         )));
     }
-    fake.received.fetch_add(1, Ordering::SeqCst);
+    let n = fake.received.fetch_add(1, Ordering::SeqCst) + 1;
     if let Mode::Saturating { capacity } = fake.mode
         && fake.in_flight.load(Ordering::SeqCst) >= capacity
     {
@@ -197,7 +197,7 @@ fn admit(fake: &Arc<Fake>, headers: &HeaderMap) -> Result<Slot, Box<Response>> {
         r.headers_mut().insert("retry-after", "1".parse().unwrap());
         return Err(Box::new(r));
     }
-    Ok(Slot::take(fake))
+    Ok(Slot::take(fake, n))
 }
 
 async fn models(State(fake): State<Arc<Fake>>, headers: HeaderMap) -> Response {
@@ -276,8 +276,7 @@ async fn chat(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) ->
         return openai_error(StatusCode::BAD_REQUEST, "body is not JSON");
     };
     if req["stream"] == json!(true) {
-        let n = fake.received.load(Ordering::SeqCst);
-        let garbage = matches!(fake.mode, Mode::GarbageEvery(k) if n % k == 0);
+        let garbage = matches!(fake.mode, Mode::GarbageEvery(k) if slot.1 % k == 0);
         if garbage {
             fake.garbage.fetch_add(1, Ordering::SeqCst);
         } else {

@@ -5,3 +5,4 @@ mod bench;
 mod plan;
 mod serve;
 mod serve_upstream;
+mod top;

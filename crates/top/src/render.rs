@@ -51,8 +51,12 @@ pub fn render(frame: &mut Frame, state: &TopState) {
             gpus,
         );
     } else {
-        let count = state.gpus.len();
-        let areas = Layout::vertical(vec![Constraint::Fill(1); count]).split(gpus);
+        // Each GPU gets room in proportion to what it needs (borders, bar, history, table).
+        let weights = state
+            .gpus
+            .values()
+            .map(|g| Constraint::Fill(gpu_rows_needed(g)));
+        let areas = Layout::vertical(weights).split(gpus);
         for (gpu, area) in state.gpus.values().zip(areas.iter()) {
             render_gpu(frame, *area, state, gpu);
         }
@@ -66,6 +70,13 @@ pub fn render(frame: &mut Frame, state: &TopState) {
             status,
         );
     }
+}
+
+/// Rows a GPU's box needs to show every process: borders, bar, history label, three rows of
+/// sparkline, table header and one row per process.
+pub fn gpu_rows_needed(gpu: &GpuView) -> u16 {
+    let processes = gpu.latest.processes.len().min(u16::MAX as usize - 8) as u16;
+    8 + processes
 }
 
 fn render_gpu(frame: &mut Frame, area: Rect, state: &TopState, gpu: &GpuView) {
