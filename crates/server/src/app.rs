@@ -25,7 +25,9 @@ use crate::proxy::{
     Flight, Passthrough, client_response_headers, header as hname, is_event_stream,
     upstream_request_headers,
 };
-use crate::telemetry::{FALLBACKS_TOTAL, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL, Telemetry};
+use crate::telemetry::{
+    BAD_REQUESTS_TOTAL, FALLBACKS_TOTAL, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL, Telemetry,
+};
 
 /// Largest upstream error body read to rewrite it into OpenAI's shape.
 const MAX_UPSTREAM_ERROR_BYTES: usize = 64 * 1024;
@@ -98,9 +100,16 @@ impl Route {
 pub fn router(state: Shared) -> Router {
     let proxied = |route: Route| {
         post(move |State(s): State<Shared>, req: Request| async move {
-            handle(s, route, req)
-                .await
-                .unwrap_or_else(IntoResponse::into_response)
+            let telemetry = s.telemetry.clone();
+            handle(s, route, req).await.unwrap_or_else(|e| {
+                // Refused input (gate refusals are counted per lane where they happen).
+                if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS {
+                    telemetry
+                        .counter(BAD_REQUESTS_TOTAL, &[("code", e.code.as_str())])
+                        .increment(1);
+                }
+                e.into_response()
+            })
         })
     };
     Router::new()

@@ -14,6 +14,8 @@ pub const TTFT_SECONDS: &str = "headroom_ttft_seconds";
 pub const REQUEST_DURATION_SECONDS: &str = "headroom_request_duration_seconds";
 pub const REJECTIONS_TOTAL: &str = "headroom_rejections_total";
 pub const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
+/// Requests refused for their input (4xx other than 429), by error code.
+pub const BAD_REQUESTS_TOTAL: &str = "headroom_bad_requests_total";
 pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
 pub const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
 pub const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
