@@ -982,8 +982,9 @@ fn ctrl_c_writes_the_partial_report() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let status = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+    // The shell's own `kill`: no procps needed on a bare CI machine.
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", child.id())])
         .status()
         .unwrap();
     assert!(status.success());
