@@ -80,7 +80,7 @@ pub fn schedule(n: u64, rate: f64, burstiness: f64, seed: u64) -> Vec<Duration> 
         .map(|g| {
             let this = at;
             at += g * scale;
-            Duration::from_secs_f64(this)
+            Duration::try_from_secs_f64(this).unwrap_or(Duration::MAX)
         })
         .collect()
 }

@@ -14,6 +14,9 @@ use crate::arrivals::{Rng, next_gap, schedule};
 use crate::client::{Outcome, RequestRecord, execute};
 use crate::workload::{Load, RequestSpec};
 
+/// Open-loop schedules longer than this are drawn lazily instead of precomputed.
+const MAX_PRECOMPUTED_ARRIVALS: u64 = 5_000_000;
+
 /// One run's settings.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -279,7 +282,9 @@ pub async fn run(
                     (Some(d), _) => Some((rate * d.as_secs_f64()).round() as u64),
                     (None, Some(n)) if single_group => Some(n),
                     _ => None,
-                };
+                }
+                // Beyond this a precomputed schedule is too big to hold; draw gaps as we go.
+                .filter(|&n| n <= MAX_PRECOMPUTED_ARRIVALS);
                 let seed = config.seed.wrapping_add(g as u64 * 7919);
                 let shared = Arc::clone(&shared);
                 drivers.spawn(async move {
@@ -296,11 +301,17 @@ pub async fn run(
                             },
                             None => {
                                 let this = at;
-                                at += Duration::from_secs_f64(next_gap(&mut rng, rate, burstiness));
+                                let gap = next_gap(&mut rng, rate, burstiness);
+                                at = at.saturating_add(
+                                    Duration::try_from_secs_f64(gap).unwrap_or(Duration::MAX),
+                                );
                                 this
                             }
                         };
-                        tokio::time::sleep_until((shared.run_start + offset).into()).await;
+                        let Some(due) = shared.run_start.checked_add(offset) else {
+                            break;
+                        };
+                        tokio::time::sleep_until(due.into()).await;
                         // A precomputed schedule already ends inside the duration.
                         let Some(seq) = shared.budget.take(fixed.is_none()) else {
                             break;

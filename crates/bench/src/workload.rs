@@ -86,12 +86,14 @@ impl Load {
             Load::Closed { concurrency: 0 } => Err(BenchError::BadInput(
                 "concurrency must be at least 1".into(),
             )),
-            Load::Open { rate, .. } if !(rate.is_finite() && rate > 0.0) => Err(
-                BenchError::BadInput(format!("rate must be a positive number, got {rate}")),
-            ),
-            Load::Open { burstiness, .. } if !(burstiness.is_finite() && burstiness > 0.0) => {
+            Load::Open { rate, .. } if !(1e-6..=1e7).contains(&rate) => {
                 Err(BenchError::BadInput(format!(
-                    "burstiness must be a positive number, got {burstiness}"
+                    "rate must be between 0.000001 and 10000000 requests per second, got {rate:?}"
+                )))
+            }
+            Load::Open { burstiness, .. } if !(0.01..=100.0).contains(&burstiness) => {
+                Err(BenchError::BadInput(format!(
+                    "burstiness must be between 0.01 and 100, got {burstiness:?}"
                 )))
             }
             _ => Ok(()),
