@@ -341,4 +341,32 @@ mod tests {
         clock.finish(start);
         assert_eq!(clock.error.as_deref(), Some("malformed event in stream"));
     }
+
+    proptest::proptest! {
+        /// However the bytes are cut into network reads, the same events come out.
+        #[test]
+        fn events_do_not_depend_on_read_boundaries(
+            payloads in proptest::collection::vec("[a-z{}\":, 0-9]{0,30}", 1..8),
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+            crlf in proptest::bool::ANY,
+        ) {
+            let nl = if crlf { "\r\n" } else { "\n" };
+            let mut text = String::new();
+            for p in &payloads {
+                text.push_str(&format!(": ping{nl}data: {p}{nl}{nl}"));
+            }
+            let bytes = text.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (bytes.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut parser = SseParser::new();
+            let mut got = Vec::new();
+            let mut from = 0;
+            for c in cuts.into_iter().chain([bytes.len()]) {
+                got.extend(parser.push(&bytes[from..c]));
+                from = c;
+            }
+            got.extend(parser.finish());
+            proptest::prop_assert_eq!(got, payloads);
+        }
+    }
 }
