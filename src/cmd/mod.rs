@@ -1,8 +1,10 @@
 //! Subcommand dispatch and the exit-code conventions every subcommand shares.
 
+pub mod bench;
 pub mod doctor;
 pub mod plan;
 pub mod serve;
+pub mod soak;
 pub mod top;
 
 use std::process::ExitCode;
@@ -16,6 +18,10 @@ pub const EXIT_DOES_NOT_FIT: u8 = 3;
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
     Plan(Box<plan::PlanArgs>),
+    /// Drive load at an OpenAI-compatible endpoint; measure TTFT, ITL, E2E and GPU memory.
+    Bench(bench::BenchArgs),
+    /// Repeat a bench workload in rounds and judge whether memory or throughput drifts.
+    Soak(soak::SoakArgs),
     /// Run the OpenAI-compatible gateway with audio and text lanes.
     Serve(serve::ServeArgs),
     /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
@@ -30,6 +36,8 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args),
         Command::Top(args) => top::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Soak(args) => soak::run(args),
     }
 }
 
