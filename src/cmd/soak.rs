@@ -29,6 +29,10 @@ pub struct SoakArgs {
     /// Leading rounds left out of the verdict (allocator warm-up).
     #[arg(long, default_value_t = 0)]
     pub warmup_rounds: usize,
+    /// Prometheus endpoint polled during rounds for the server's queue depth (a headroom serve
+    /// gateway's /metrics, or a vLLM engine's).
+    #[arg(long)]
+    pub metrics_url: Option<String>,
     /// SQLite file keeping rounds across invocations.
     #[arg(long)]
     pub history: Option<PathBuf>,
@@ -59,6 +63,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
             leak,
             history: args.history.clone(),
             sample_file: args.load.samples.clone(),
+            metrics_url: args.metrics_url.clone(),
         };
         let cancel = ctrl_c_channel();
         let total = args.rounds;

@@ -1058,6 +1058,7 @@ fn soak_with(
             },
             history: history.map(Path::to_path_buf),
             sample_file: None,
+            metrics_url: None,
         };
         let (_tx, rx) = tokio::sync::watch::channel(false);
         headroom_bench::soak::soak(
@@ -1282,4 +1283,59 @@ fn soak_binary_without_gpu_keeps_rounds_and_says_why_there_is_no_verdict() {
         3,
         "{stderr}"
     );
+}
+
+/// The soak's server-side queue depth, read from a real `headroom serve` gateway's /metrics while
+/// rounds run: one slot, a queue, four clients, so requests wait in the gateway.
+#[test]
+fn soak_reads_the_gateway_queue_depth_from_its_metrics() {
+    let _serial = serial();
+    let engine = start(Mode::Normal, Duration::from_millis(100), None);
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 1\nmax_queue = 8\nqueue_timeout = \"10s\"\npolicy = \"queue\"\n",
+        engine.url()
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let gateway = rt.block_on(async {
+        let config = headroom_server::ServeConfig::from_toml(&toml).expect("valid gateway config");
+        headroom_server::spawn(config, None)
+            .await
+            .expect("gateway starts")
+    });
+    let url = format!("http://{}", gateway.addr);
+    let metrics = format!("{url}/metrics");
+    let out = headroom(&[
+        "soak",
+        "--url",
+        &url,
+        "--model",
+        "fake-model",
+        "--no-gpu",
+        "--no-stream",
+        "--concurrency",
+        "4",
+        "--requests",
+        "8",
+        "--rounds",
+        "2",
+        "--gap",
+        "50ms",
+        "--metrics-url",
+        &metrics,
+        "--format",
+        "json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for round in r["rounds"].as_array().unwrap() {
+        assert_eq!(u(round, "/outcomes/ok"), 8, "{round}");
+        let depth = f(round, "/server_queue_depth_max");
+        assert!((1.0..=3.0).contains(&depth), "queue depth {depth}: {round}");
+    }
+    drop(gateway);
 }

@@ -172,10 +172,12 @@ async fn send(
             }
             let clip = &spec.audio[(seq % spec.audio.len() as u64) as usize];
             record.audio_seconds = clip.seconds;
-            let part = reqwest::multipart::Part::bytes(clip.bytes.as_ref().clone())
-                .file_name(clip.file_name.clone())
-                .mime_str(clip.mime)
-                .unwrap_or_else(|_| reqwest::multipart::Part::bytes(Vec::new()));
+            let part = || {
+                reqwest::multipart::Part::bytes(clip.bytes.as_ref().clone())
+                    .file_name(clip.file_name.clone())
+            };
+            // The MIME types are fixed strings that always parse; without one the file still goes.
+            let part = part().mime_str(clip.mime).unwrap_or_else(|_| part());
             let mut form = reqwest::multipart::Form::new()
                 .part("file", part)
                 .text("model", spec.model.clone())

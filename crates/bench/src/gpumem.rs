@@ -32,7 +32,12 @@ impl GpuWatch {
             Ok(p) => p,
             Err(reason) => return GpuWatch::unavailable(reason, interval),
         };
-        let capacity = (3_600_000 / interval.as_millis().max(1) as usize).clamp(1_000, 100_000);
+        // About an hour of ticks for every GPU, within ~50 MB; longer runs keep the newest hour
+        // (the baseline is taken aside before the run starts).
+        let devices = probe.snapshot().map_or(1, |d| d.len().max(1));
+        let capacity = (3_600_000 / interval.as_millis().max(1) as usize)
+            .saturating_mul(devices)
+            .clamp(1_000, 400_000);
         let mut config = SamplerConfig::new(interval).with_ring_capacity(capacity);
         if let Some(file) = sample_file {
             config = config.with_file(file);

@@ -139,6 +139,8 @@ pub async fn bench(
         // A few samples before any load, for the baseline.
         tokio::time::sleep(config.gpu_interval * 3).await;
     }
+    // Kept aside: on a long run the ring may drop them before the run ends.
+    let before = watch.samples();
     let (run, sweep) = match &config.sweep {
         None => (
             runner::run(client, config.run.clone(), progress, cancel).await,
@@ -153,7 +155,12 @@ pub async fn bench(
         tokio::time::sleep(config.gpu_interval * 2).await;
     }
     let interval = watch.interval();
-    let (samples, reason, probe_errors) = watch.finish().await;
+    let (mut samples, reason, probe_errors) = watch.finish().await;
+    if let Some(first) = samples.first().map(|s| s.ts_ms) {
+        let mut all: Vec<_> = before.into_iter().filter(|s| s.ts_ms < first).collect();
+        all.append(&mut samples);
+        samples = all;
+    }
     let from = run.started_at_ms;
     let to = from + run.duration.as_millis() as u64;
     let gpu = gpumem::summarize(&samples, reason, interval, probe_errors, from, to);

@@ -40,6 +40,9 @@ pub struct SoakConfig {
     pub leak: LeakConfig,
     pub history: Option<std::path::PathBuf>,
     pub sample_file: Option<std::path::PathBuf>,
+    /// Prometheus endpoint polled during each round for the server-side queue depth (a
+    /// `headroom serve` gateway's `/metrics`, or a vLLM engine's).
+    pub metrics_url: Option<String>,
 }
 
 /// One round.
@@ -54,6 +57,8 @@ pub struct RoundReport {
     pub output_token_throughput_tps: f64,
     /// Most requests in flight at once (client-side queue depth).
     pub max_in_flight: u64,
+    /// Deepest server-side queue seen in `--metrics-url` during the round.
+    pub server_queue_depth_max: Option<f64>,
     pub e2e_p50_ms: Option<f64>,
     pub ttft_p50_ms: Option<f64>,
     /// Highest used memory during the round.
@@ -124,6 +129,56 @@ fn peak_of(samples: &[Sample], from_ms: u64, to_ms: u64) -> Option<u64> {
     ticks.into_iter().map(|(_, v)| v).max()
 }
 
+/// Sum of the queue-depth gauges in Prometheus text: `headroom_lane_queue_depth` (a
+/// `headroom serve` gateway, all lanes) and `vllm:num_requests_waiting` (a vLLM engine). `None`
+/// when neither is present.
+pub fn queue_depth_from_metrics(text: &str) -> Option<f64> {
+    let mut total = None;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let name = &line[..name_end];
+        if name != "headroom_lane_queue_depth" && name != "vllm:num_requests_waiting" {
+            continue;
+        }
+        let value = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite());
+        if let Some(v) = value {
+            *total.get_or_insert(0.0) += v;
+        }
+    }
+    total
+}
+
+/// Polls `url` every 250 ms and keeps the deepest queue seen in `deepest` (until aborted).
+async fn poll_queue_depth(
+    client: reqwest::Client,
+    url: String,
+    deepest: Arc<std::sync::Mutex<Option<f64>>>,
+) {
+    loop {
+        let text = match client
+            .get(&url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+        {
+            Ok(r) => r.text().await.ok(),
+            Err(_) => None,
+        };
+        if let Some(depth) = text.as_deref().and_then(queue_depth_from_metrics) {
+            let mut d = deepest.lock().unwrap_or_else(|e| e.into_inner());
+            *d = Some(d.map_or(depth, |m: f64| m.max(depth)));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// A key naming the workload in the history file.
 pub fn workload_key(config: &SoakConfig) -> String {
     let load = match config.run.load {
@@ -175,6 +230,11 @@ pub async fn soak(
         if n > 0 {
             run_config.warmup = 0;
         }
+        let deepest = Arc::new(std::sync::Mutex::new(None::<f64>));
+        let poller = config
+            .metrics_url
+            .clone()
+            .map(|url| tokio::spawn(poll_queue_depth(client.clone(), url, Arc::clone(&deepest))));
         let run = runner::run(
             client.clone(),
             run_config,
@@ -182,6 +242,11 @@ pub async fn soak(
             cancel.clone(),
         )
         .await;
+        if let Some(task) = poller {
+            task.abort();
+            let _ = task.await;
+        }
+        let server_queue_depth_max = *deepest.lock().unwrap_or_else(|e| e.into_inner());
         let round_end_ms = run.started_at_ms + run.duration.as_millis() as u64;
         let mut cancel_gap = cancel.clone();
         tokio::select! {
@@ -214,6 +279,7 @@ pub async fn soak(
             outcomes,
             output_token_throughput_tps: tokens as f64 / secs,
             max_in_flight: run.max_in_flight,
+            server_queue_depth_max,
             e2e_p50_ms: e2e.summary().p50,
             ttft_p50_ms: ttft.summary().p50,
             peak_bytes: peak_of(&samples, run.started_at_ms, round_end_ms),
@@ -407,6 +473,17 @@ mod tests {
         assert_eq!(floor_of(&samples, 15, 35, FloorSource::Device), Some(190));
         assert_eq!(floor_of(&samples, 50, 60, FloorSource::Device), None);
         assert_eq!(peak_of(&samples, 10, 30), Some(500));
+    }
+
+    #[test]
+    fn queue_depth_sums_gateway_lanes_and_vllm_waiting() {
+        let text = "# HELP headroom_lane_queue_depth Requests waiting.\n\
+            headroom_lane_queue_depth{lane=\"text\"} 3\n\
+            headroom_lane_queue_depth{lane=\"audio\"} 1\n\
+            headroom_lane_queue_depth_total 99\n\
+            vllm:num_requests_waiting{engine=\"0\"} 2.0\n";
+        assert_eq!(queue_depth_from_metrics(text), Some(6.0));
+        assert_eq!(queue_depth_from_metrics("up 1\n"), None);
     }
 
     #[test]
