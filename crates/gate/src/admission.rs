@@ -74,6 +74,8 @@ struct LaneState {
     mean_service: Option<Duration>,
     /// When this lane first had to hold because a lane it yields to was busy.
     yield_since: Option<Instant>,
+    /// When a request of this lane last ended (for the yielding lanes' linger).
+    last_release: Option<Instant>,
 }
 
 struct Waiting {
@@ -452,7 +454,7 @@ impl Gate {
                     service_rate_per_second: mean
                         .filter(|m| *m > 0.0)
                         .map(|m| spec.max_inflight as f64 / m),
-                    yielding: self.inner.higher_busy(&st, i),
+                    yielding: self.inner.higher_busy(&st, i, Instant::now()),
                     upstreams: spec
                         .upstreams
                         .iter()
@@ -501,7 +503,7 @@ impl Inner {
     }
 
     fn take_slot(&self, st: &mut State, lane: usize, upstream: usize, now: Instant) {
-        let busy = self.higher_busy(st, lane);
+        let busy = self.higher_busy(st, lane, now);
         let ls = &mut st.lanes[lane];
         ls.inflight += 1;
         ls.upstream_inflight[upstream] += 1;
@@ -523,6 +525,7 @@ impl Inner {
         ls.inflight = ls.inflight.saturating_sub(1);
         ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
         ls.released += 1;
+        ls.last_release = Some(Instant::now());
         if let Some(sample) = service {
             ls.mean_service = Some(match ls.mean_service {
                 None => sample,
@@ -535,11 +538,18 @@ impl Inner {
         st.total_inflight = st.total_inflight.saturating_sub(1);
     }
 
-    /// Whether any lane `lane` yields to has work queued or in flight.
-    fn higher_busy(&self, st: &State, lane: usize) -> bool {
-        self.yield_targets[lane]
-            .iter()
-            .any(|&t| st.lanes[t].inflight > 0 || !st.lanes[t].queue.is_empty())
+    /// Whether any lane `lane` yields to has work queued or in flight, or finished work less than
+    /// `lane`'s `yield_linger` ago.
+    fn higher_busy(&self, st: &State, lane: usize, now: Instant) -> bool {
+        let linger = self.specs[lane].yield_linger;
+        self.yield_targets[lane].iter().any(|&t| {
+            let target = &st.lanes[t];
+            target.inflight > 0
+                || !target.queue.is_empty()
+                || target
+                    .last_release
+                    .is_some_and(|ended| now.saturating_duration_since(ended) < linger)
+        })
     }
 
     /// Decides whether a request may start on `lane` now; on success returns the upstream to use.
@@ -572,7 +582,7 @@ impl Inner {
                 return Err(RejectReason::DeviceSaturated);
             }
         }
-        if self.higher_busy(st, lane) {
+        if self.higher_busy(st, lane, now) {
             let since = *st.lanes[lane].yield_since.get_or_insert(now);
             if now.saturating_duration_since(since) < spec.max_yield {
                 return Err(RejectReason::Yielding);
@@ -777,6 +787,39 @@ mod tests {
         assert_eq!(g.snapshot().lanes[0].cancelled_in_queue, 1);
         drop(held);
         assert_eq!(counts(&g, 0), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn yield_linger_keeps_text_out_between_two_audio_jobs() {
+        let audio = lane("audio", 1, 4, Policy::Queue);
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            max_yield: Duration::from_secs(10),
+            yield_linger: Duration::from_millis(300),
+            queue_timeout: Duration::from_secs(5),
+            ..lane("text", 4, 8, Policy::Queue)
+        };
+        let g = gate(vec![audio, text]);
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let g2 = g.clone();
+        let t = tokio::spawn(async move {
+            let p = g2.admit(1, AdmitRequest::default()).await.unwrap();
+            (Instant::now(), p)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ended = Instant::now();
+        drop(a);
+        // The next utterance comes 200 ms later: text is still held, so it runs alone.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(counts(&g, 1), (0, 1));
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        drop(a);
+        let again = Instant::now();
+        // Text gets in once audio has been idle for the linger.
+        let (admitted_at, _p) = t.await.unwrap();
+        assert!(admitted_at - again >= Duration::from_millis(300));
+        assert!(admitted_at - again < Duration::from_millis(300) + RECHECK_INTERVAL * 2);
+        assert!(admitted_at - ended >= Duration::from_millis(500));
     }
 
     #[tokio::test(start_paused = true)]

@@ -51,6 +51,10 @@ pub struct LaneSpec {
     pub yield_to: Vec<String>,
     /// Longest a lane keeps yielding before it admits one request anyway.
     pub max_yield: Duration,
+    /// How long a lane it yields to still counts as busy after its last request ended. Interactive
+    /// audio arrives in bursts (one utterance after another); without a linger, text slips in
+    /// between two clips and is still running when the next one arrives.
+    pub yield_linger: Duration,
     /// Upstream identifiers (URLs); admission picks the least loaded one that is not saturated.
     pub upstreams: Vec<String>,
     pub gpu: Option<GpuNeed>,
@@ -70,6 +74,7 @@ impl LaneSpec {
             policy: Policy::Reject,
             yield_to: Vec::new(),
             max_yield: Duration::from_secs(10),
+            yield_linger: Duration::ZERO,
             upstreams: upstreams.iter().map(|u| u.to_string()).collect(),
             gpu: None,
             engine: None,

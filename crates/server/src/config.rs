@@ -121,6 +121,7 @@ struct RawLane {
     #[serde(default)]
     yield_to: Vec<String>,
     max_yield: Option<String>,
+    yield_linger: Option<String>,
     max_body_bytes: Option<toml::Value>,
     max_input_tokens: Option<i64>,
     tokenizer: Option<String>,
@@ -491,6 +492,7 @@ fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
         policy,
         yield_to: raw.yield_to,
         max_yield: duration("max_yield", &raw.max_yield, Duration::from_secs(10))?,
+        yield_linger: duration("yield_linger", &raw.yield_linger, Duration::ZERO)?,
         upstreams,
         gpu,
         engine,
@@ -578,6 +580,7 @@ policy = "fallback"                    # overloaded requests get the fallback be
 fallback = "rule-based-cleanup"        # chat answered by the rule-based transcript cleaner
 yield_to = ["audio"]                   # admit nothing new while audio has work...
 max_yield = "2s"                       # ...for at most this long, so text never starves
+yield_linger = "1s"                    # audio counts as busy this long after its last job ends
 max_body_bytes = "1MiB"
 max_input_tokens = 8192                # counted with `tokenizer`, else estimated as characters / 4
 # tokenizer = "/models/llm/tokenizer.json"  # the model's tokenizer.json (relative: to this file)
