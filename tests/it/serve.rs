@@ -2006,3 +2006,74 @@ async fn sigterm_stops_waiting_for_inflight_work_after_the_grace_period() {
         "the upstream kept generating after the gateway exited"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn audio_work_preempts_running_text_on_a_preemptible_lane() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let toml = format!(
+        "{}{}",
+        text_lane(
+            &up,
+            "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true"
+        ),
+        audio_lane(&up, "max_inflight = 1")
+    );
+    let g = gateway(&toml).await;
+    let (c, b) = (client(), base(&g));
+    // A long text stream and a non-streaming text request wait on the upstream...
+    let r = chat(
+        &c,
+        &b,
+        "long",
+        &[("x-test-chunks", "500"), ("x-test-interval-ms", "10")],
+        true,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data: "));
+    let waiting = tokio::spawn({
+        let (c, b) = (c.clone(), b.clone());
+        async move { chat(&c, &b, "slow", &[("x-test-delay-ms", "5000")], false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ...until audio work is admitted: both stop, and the engine sees both cancelled.
+    let audio = transcribe(&c, &b, "asr", 50).await;
+    assert_eq!(audio.status(), 200);
+    let mut rest = String::new();
+    while let Some(chunk) = body.next().await {
+        rest.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    let last = rest
+        .trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.contains("\"code\":\"preempted\""),
+        "stream ended with {last}"
+    );
+    let slow = waiting.await.unwrap();
+    assert_eq!(slow.status(), 503);
+    assert!(slow.headers().contains_key("retry-after"));
+    let err = json_of(slow).await;
+    assert_eq!(err["error"]["code"], "preempted");
+    for id in ["long", "slow"] {
+        let s = up.log.wait_ended(id, Duration::from_secs(2)).await.unwrap();
+        assert!(s.cancelled, "{id} ran on upstream after preemption");
+    }
+    assert_eq!(
+        metric(
+            &c,
+            &b,
+            "headroom_requests_total{lane=\"text\",outcome=\"preempted\"}"
+        )
+        .await,
+        Some(2.0)
+    );
+    // Without `preempt`, the same audio request leaves running text alone (see the yield tests).
+    g.shutdown().await.unwrap();
+}

@@ -49,6 +49,8 @@ struct Inner {
     probe: Option<Arc<dyn GpuProbe>>,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// Per lane: fired when a lane it yields to admits work, for lanes with `preempt`.
+    preempt: Vec<Arc<Notify>>,
 }
 
 #[derive(Default)]
@@ -130,6 +132,14 @@ impl Permit {
 
     pub fn admitted_at(&self) -> Instant {
         self.admitted_at
+    }
+
+    /// For lanes with `preempt`: notified when a lane this one yields to admits work. Create the
+    /// waiter at once (`notified_owned`, then `enable`) so no notification is missed.
+    pub fn preemption(&self) -> Option<Arc<Notify>> {
+        self.inner.specs[self.lane]
+            .preempt
+            .then(|| self.inner.preempt[self.lane].clone())
     }
 }
 
@@ -278,6 +288,7 @@ impl Gate {
                 ..LaneState::default()
             })
             .collect();
+        let specs_len = specs.len();
         Ok(Gate {
             inner: Arc::new(Inner {
                 specs,
@@ -286,6 +297,7 @@ impl Gate {
                 max_inflight_total,
                 probe,
                 next_id: AtomicU64::new(1),
+                preempt: (0..specs_len).map(|_| Arc::new(Notify::new())).collect(),
                 state: Mutex::new(State {
                     lanes,
                     ..State::default()
@@ -511,6 +523,11 @@ impl Inner {
         // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
         ls.yield_since = if busy { Some(now) } else { None };
         st.total_inflight += 1;
+        for (other, targets) in self.yield_targets.iter().enumerate() {
+            if self.specs[other].preempt && targets.contains(&lane) {
+                self.preempt[other].notify_waiters();
+            }
+        }
     }
 
     fn release_locked(

@@ -55,6 +55,10 @@ pub struct LaneSpec {
     /// audio arrives in bursts (one utterance after another); without a linger, text slips in
     /// between two clips and is still running when the next one arrives.
     pub yield_linger: Duration,
+    /// When a lane this lane yields to admits work, this lane's in-flight requests are told to
+    /// stop (see [`crate::Permit::preemption`]): a running generation would otherwise keep
+    /// competing with the interactive work for the device until it ends.
+    pub preempt: bool,
     /// Upstream identifiers (URLs); admission picks the least loaded one that is not saturated.
     pub upstreams: Vec<String>,
     pub gpu: Option<GpuNeed>,
@@ -75,6 +79,7 @@ impl LaneSpec {
             yield_to: Vec::new(),
             max_yield: Duration::from_secs(10),
             yield_linger: Duration::ZERO,
+            preempt: false,
             upstreams: upstreams.iter().map(|u| u.to_string()).collect(),
             gpu: None,
             engine: None,

@@ -607,6 +607,11 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
             .map(|q| format!("?{q}"))
             .unwrap_or_default()
     );
+    let mut preempted = permit.preemption().map(|notify| {
+        let mut waiter = Box::pin(notify.notified_owned());
+        waiter.as_mut().enable();
+        waiter
+    });
     let mut flight = Flight::new(s.telemetry.clone(), lane_name, arrival, permit);
 
     let mut headers = upstream_request_headers(
@@ -624,7 +629,19 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
         .headers(headers)
         .body(forward_body)
         .send();
-    let response = match tokio::time::timeout_at(deadline, send).await {
+    let response = tokio::time::timeout_at(deadline, send);
+    let response = match &mut preempted {
+        None => response.await,
+        Some(waiter) => tokio::select! {
+            r = response => r,
+            _ = waiter.as_mut() => {
+                // Dropping the request future closes its connection: the engine stops.
+                flight.finish("preempted");
+                return Err(ApiError::preempted(lane_name));
+            }
+        },
+    };
+    let response = match response {
         Err(_) => {
             flight.finish("deadline");
             return Err(ApiError::deadline(lane_name, timeout));
@@ -661,7 +678,7 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
         hname("x-headroom-queue-wait-ms"),
         HeaderValue::from(queue_wait_ms),
     );
-    let body = Passthrough::new(response, flight, deadline, timeout, sse);
+    let body = Passthrough::new(response, flight, deadline, timeout, sse).preemptible(preempted);
     let mut resp = Response::new(Body::from_stream(body));
     *resp.status_mut() = status;
     *resp.headers_mut() = out_headers;

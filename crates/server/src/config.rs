@@ -122,6 +122,8 @@ struct RawLane {
     yield_to: Vec<String>,
     max_yield: Option<String>,
     yield_linger: Option<String>,
+    #[serde(default)]
+    preempt: bool,
     max_body_bytes: Option<toml::Value>,
     max_input_tokens: Option<i64>,
     tokenizer: Option<String>,
@@ -493,6 +495,7 @@ fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
         yield_to: raw.yield_to,
         max_yield: duration("max_yield", &raw.max_yield, Duration::from_secs(10))?,
         yield_linger: duration("yield_linger", &raw.yield_linger, Duration::ZERO)?,
+        preempt: raw.preempt,
         upstreams,
         gpu,
         engine,
@@ -581,6 +584,7 @@ fallback = "rule-based-cleanup"        # chat answered by the rule-based transcr
 yield_to = ["audio"]                   # admit nothing new while audio has work...
 max_yield = "2s"                       # ...for at most this long, so text never starves
 yield_linger = "1s"                    # audio counts as busy this long after its last job ends
+preempt = false                        # true: audio work stops running text (503 `preempted`)
 max_body_bytes = "1MiB"
 max_input_tokens = 8192                # counted with `tokenizer`, else estimated as characters / 4
 # tokenizer = "/models/llm/tokenizer.json"  # the model's tokenizer.json (relative: to this file)

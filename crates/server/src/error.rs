@@ -94,6 +94,19 @@ impl ApiError {
         }
     }
 
+    /// A running request stopped because a lane it yields to admitted work.
+    pub fn preempted(lane: &str) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "preempted",
+            format!(
+                "lane `{lane}` stopped this request to make room for higher-priority work; retry shortly"
+            ),
+        );
+        e.retry_after = Some(Duration::from_secs(1));
+        e
+    }
+
     pub fn deadline(lane: &str, timeout: Duration) -> ApiError {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderName, StatusCode};
 use bytes::Bytes;
 use futures_util::Stream;
 use headroom_gate::Permit;
+use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
@@ -139,6 +140,7 @@ pub struct Passthrough {
     sse: bool,
     first: bool,
     done: bool,
+    preempted: Option<Pin<Box<OwnedNotified>>>,
 }
 
 impl Passthrough {
@@ -157,7 +159,14 @@ impl Passthrough {
             sse,
             first: true,
             done: false,
+            preempted: None,
         }
+    }
+
+    /// Ends the response with a `preempted` error (and cancels the upstream) when `waiter` fires.
+    pub fn preemptible(mut self, waiter: Option<Pin<Box<OwnedNotified>>>) -> Passthrough {
+        self.preempted = waiter;
+        self
     }
 
     fn end_with(
@@ -188,6 +197,13 @@ impl Stream for Passthrough {
         if this.deadline.as_mut().poll(cx).is_ready() {
             let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
             return this.end_with(e, "deadline");
+        }
+        if let Some(waiter) = this.preempted.as_mut()
+            && waiter.as_mut().poll(cx).is_ready()
+        {
+            this.preempted = None;
+            let e = ApiError::preempted(this.flight.lane());
+            return this.end_with(e, "preempted");
         }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
