@@ -60,7 +60,7 @@ class Flood:
         self.url, self.clients, self.max_tokens = url, clients, max_tokens
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.counts = {"served": 0, "rejected_429": 0, "other": 0}
+        self.counts = {"served": 0, "preempted": 0, "rejected_429": 0, "http_503": 0, "other": 0}
         self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(clients)]
 
     def count(self, key: str) -> None:
@@ -84,16 +84,31 @@ class Flood:
                             wait = float(r.headers.get("retry-after", "1"))
                             self.stop.wait(min(wait, 2.0))
                             continue
+                        if r.status_code == 503:
+                            r.read()
+                            self.count("http_503")
+                            wait = float(r.headers.get("retry-after", "1"))
+                            self.stop.wait(min(wait, 2.0))
+                            continue
                         if r.status_code != 200:
                             r.read()
                             self.count("other")
                             self.stop.wait(0.5)
                             continue
-                        for _ in r.iter_lines():
+                        last = ""
+                        for line in r.iter_lines():
+                            if line.startswith("data: "):
+                                last = line
                             if self.stop.is_set():
                                 break
                         else:
-                            self.count("served")
+                            if last == "data: [DONE]":
+                                self.count("served")
+                            elif '"preempted"' in last:
+                                self.count("preempted")
+                                self.stop.wait(1.0)
+                            else:
+                                self.count("other")
                 except httpx.HTTPError:
                     self.count("other")
                     self.stop.wait(0.5)
@@ -251,7 +266,7 @@ def main() -> None:
         with QueueWatch(args.llama, gateway) as watch:
             if text_url is None:
                 lat = transcribe_latencies(audio_url, args.clips)
-                counts = {"served": 0, "rejected_429": 0, "other": 0}
+                counts = {"served": 0, "preempted": 0, "rejected_429": 0, "http_503": 0, "other": 0}
             else:
                 with Flood(text_url, args.flood, args.max_tokens) as flood:
                     lat = transcribe_latencies(audio_url, args.clips)
@@ -278,12 +293,13 @@ def main() -> None:
     base = rows[0]
     print()
     print(f"{'condition':<30} {'p50 s':>7} {'p95 s':>7} {'p99 s':>7} {'p50/(a)':>8} {'p99/(a)':>8} "
-          f"{'text served':>12} {'429':>5} {'other':>6} {'queued in engine':>17} {'queued in gateway':>18}")
+          f"{'served':>7} {'preempt':>8} {'429':>5} {'503':>5} {'other':>6} {'queued in engine':>17} {'queued in gateway':>18}")
     for r in rows:
         print(f"{r['condition']:<30} {r['p50']:>7.3f} {r['p95']:>7.3f} {r['p99']:>7.3f} "
-              f"{r['p50'] / base['p50']:>8.2f} {r['p99'] / base['p99']:>8.2f} {r['served']:>12} {r['rejected_429']:>5} {r['other']:>6} "
+              f"{r['p50'] / base['p50']:>8.2f} {r['p99'] / base['p99']:>8.2f} {r['served']:>7} {r['preempted']:>8} {r['rejected_429']:>5} {r['http_503']:>5} {r['other']:>6} "
               f"{r['engine_queue_mean']:>8.1f} (max {r['engine_queue_max']:>2.0f}) {r['gateway_queue_mean']:>9.1f} (max {r['gateway_queue_max']:>2.0f})")
-    print("served = text generations completed during the condition; queued = requests waiting, sampled every 0.25 s")
+    print("text requests during each condition: served = streamed to [DONE]; preempt = stopped by audio work;")
+    print("429/503 = answered by the gateway (client waits Retry-After); queued = waiting, sampled every 0.25 s")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
 
