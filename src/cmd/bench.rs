@@ -122,26 +122,13 @@ pub struct BenchArgs {
 
 /// `30`, `30s`, `500ms`, `2m`, `1h`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => (&t[..i], &t[i..]),
-        None => (t, "s"),
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (e.g. 30s, 500ms, 2m)"))?;
-    let secs = match unit {
-        "ms" => v / 1000.0,
-        "s" => v,
-        "m" | "min" => v * 60.0,
-        "h" => v * 3600.0,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m, h)")),
-    };
-    if !(secs.is_finite() && secs > 0.0) {
-        return Err(format!("`{text}` must be positive"));
+    match headroom_plan::units::parse_duration(text, headroom_plan::units::BareNumber::Seconds) {
+        Some(d) if !d.is_zero() => Ok(d),
+        Some(_) => Err(format!("`{text}` must be positive")),
+        None => Err(format!(
+            "`{text}` is not a duration (e.g. 30s, 500ms, 2m; units ms, s, m, h)"
+        )),
     }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 /// Everything the load flags turn into.

@@ -362,27 +362,13 @@ fn interactive_replay(
 
 /// `20ms`, `1.5s`, `2m`, or a bare number of milliseconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("'{text}' is not a duration (e.g. 50ms, 2s, 1m)"))?;
-    let seconds = match unit.trim() {
-        "" | "ms" => value / 1000.0,
-        "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit '{other}' in '{text}' (use ms, s, m or h)"
-            ));
-        }
-    };
-    if !seconds.is_finite() || seconds <= 0.0 || seconds > 7.0 * 86_400.0 {
-        return Err(format!("'{text}' is out of range"));
+    match headroom_plan::units::parse_duration(text, headroom_plan::units::BareNumber::Milliseconds)
+    {
+        Some(d) if !d.is_zero() && d <= Duration::from_secs(7 * 86_400) => Ok(d),
+        Some(_) => Err(format!("'{}' is out of range", text.trim())),
+        None => Err(format!(
+            "'{}' is not a duration (e.g. 50ms, 2s, 1m; units ms, s, m, h)",
+            text.trim()
+        )),
     }
-    Ok(Duration::from_secs_f64(seconds))
 }

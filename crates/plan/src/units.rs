@@ -1,5 +1,5 @@
 //! Byte sizes as people type them (`24GiB`, `23.58GiB`, `24GB`, `24576MiB`, `25769803776`) and as
-//! headroom prints them.
+//! headroom prints them; durations as people type them (`500ms`, `30s`, `2m`, `1h`).
 
 use thiserror::Error;
 
@@ -64,6 +64,35 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     Ok(bytes.round() as u64)
 }
 
+/// What a bare number (no unit) means in a duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BareNumber {
+    Seconds,
+    Milliseconds,
+}
+
+/// Parses `500ms`, `1.5s`, `2m` (or `2min`), `1h`, or a bare number in `bare` units. Zero is
+/// allowed; callers that need a positive or bounded duration check that themselves.
+pub fn parse_duration(text: &str, bare: BareNumber) -> Option<std::time::Duration> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().ok()?;
+    let seconds = match (unit.trim(), bare) {
+        ("", BareNumber::Seconds) | ("s", _) => value,
+        ("", BareNumber::Milliseconds) | ("ms", _) => value / 1000.0,
+        ("m" | "min", _) => value * 60.0,
+        ("h", _) => value * 3600.0,
+        _ => return None,
+    };
+    if !seconds.is_finite() || seconds < 0.0 {
+        return None;
+    }
+    std::time::Duration::try_from_secs_f64(seconds).ok()
+}
+
 /// Bytes as GiB with two decimals, the way vLLM logs them.
 pub fn gib(bytes: u64) -> f64 {
     bytes as f64 / GIB as f64
@@ -122,6 +151,26 @@ mod tests {
             let e = parse_size(bad).unwrap_err();
             assert_eq!(e.input, bad);
             assert!(e.to_string().contains("invalid size"));
+        }
+    }
+
+    #[test]
+    fn durations_in_every_accepted_spelling() {
+        use std::time::Duration;
+        let secs = |t| parse_duration(t, BareNumber::Seconds);
+        assert_eq!(secs("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(secs("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(secs("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(secs("2 min"), Some(Duration::from_secs(120)));
+        assert_eq!(secs("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(secs("7"), Some(Duration::from_secs(7)));
+        assert_eq!(secs("0s"), Some(Duration::ZERO));
+        assert_eq!(
+            parse_duration("20", BareNumber::Milliseconds),
+            Some(Duration::from_millis(20))
+        );
+        for bad in ["", "-1s", "fast", "3d", "1 fortnight", "1.2.3s"] {
+            assert_eq!(secs(bad), None, "{bad}");
         }
     }
 

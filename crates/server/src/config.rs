@@ -148,23 +148,7 @@ struct RawLane {
 
 /// Parses `500ms`, `5s`, `2m` (and a bare number of seconds).
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    let (num, unit) = match t.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => (&t[..i], t[i..].trim()),
-        None => (t, "s"),
-    };
-    let value: f64 = num.parse().ok()?;
-    if !value.is_finite() || value < 0.0 {
-        return None;
-    }
-    let secs = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return None,
-    };
-    Duration::try_from_secs_f64(secs).ok()
+    headroom_plan::units::parse_duration(text, headroom_plan::units::BareNumber::Seconds)
 }
 
 /// Parses a byte size: an integer, or a string like `25MiB`, `512KiB`, `2GiB`, `10MB` (the same
