@@ -7,3 +7,4 @@ mod plan;
 mod serve;
 mod serve_upstream;
 mod top;
+mod ui;

@@ -44,6 +44,8 @@ pub struct AppState {
     pub gate: Gate,
     pub client: reqwest::Client,
     pub telemetry: Arc<Telemetry>,
+    /// The status page's ring of samples (`/ui`).
+    pub ui: Arc<crate::ui::UiState>,
     fallback_ids: AtomicU64,
 }
 
@@ -59,12 +61,13 @@ impl AppState {
             gate,
             client,
             telemetry,
+            ui: Arc::new(crate::ui::UiState::default()),
             fallback_ids: AtomicU64::new(1),
         }
     }
 }
 
-type Shared = Arc<AppState>;
+pub(crate) type Shared = Arc<AppState>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
@@ -126,6 +129,8 @@ pub fn router(state: Shared) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/lanes", get(admin_lanes))
+        .route("/ui", get(crate::ui::serve_page))
+        .route("/ui/state", get(crate::ui::serve_state))
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -183,7 +188,12 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let ok = presented.is_some_and(|p| key_matches(p.as_bytes(), &s.config.api_keys));
+        let page = req.uri().path().starts_with("/ui");
+        let ok = presented.is_some_and(|p| key_matches(p.as_bytes(), &s.config.api_keys))
+            || (page && crate::ui::basic_key_matches(req.headers(), &s.config.api_keys));
+        if !ok && page {
+            return crate::ui::ask_for_key();
+        }
         if !ok {
             return ApiError::new(
                 StatusCode::UNAUTHORIZED,

@@ -13,6 +13,7 @@ pub mod proxy;
 pub mod scrape;
 pub mod telemetry;
 pub mod tokens;
+pub mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -126,6 +127,11 @@ impl Gateway {
                 state.config.scrape_interval,
             )));
         }
+        background.push(tokio::spawn(ui::sample_loop(
+            state.ui.clone(),
+            state.gate.clone(),
+            state.telemetry.clone(),
+        )));
         let (fired_tx, fired_rx) = oneshot::channel::<()>();
         let gate = state.gate.clone();
         let grace = state.config.shutdown_grace;

@@ -1,0 +1,431 @@
+//! The status page (`/ui`) in a real headless Chromium, driven over the DevTools protocol: the
+//! page must show the gateway's lanes live, show the 429s of a burst as the clients saw them,
+//! and call its data stale once the gateway is gone. Also the page without JavaScript (the
+//! server-rendered table) and the page's key check.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use headroom_server::{Running, ServeConfig};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::serve_upstream;
+
+fn config(upstream: &str, keys: &str) -> String {
+    format!(
+        r#"
+listen = "127.0.0.1:0"
+api_keys = [{keys}]
+scrape_interval = "200ms"
+
+[[lanes]]
+name = "text"
+paths = ["/v1/chat/completions"]
+upstreams = ["{upstream}"]
+max_inflight = 1
+max_queue = 0
+policy = "reject"
+
+[[lanes]]
+name = "audio"
+paths = ["/v1/audio/transcriptions"]
+upstreams = ["{upstream}"]
+max_inflight = 2
+max_queue = 4
+"#
+    )
+}
+
+async fn gateway(toml: &str) -> Running {
+    let config = ServeConfig::from_toml(toml).expect("test config is valid");
+    headroom_server::spawn(config, None)
+        .await
+        .expect("gateway starts")
+}
+
+/// The browser to drive: `HEADROOM_CHROMIUM`, else the first of the usual names on PATH.
+fn chromium() -> Option<String> {
+    if let Ok(p) = std::env::var("HEADROOM_CHROMIUM") {
+        return Some(p);
+    }
+    let path = std::env::var_os("PATH")?;
+    for name in ["chromium", "chromium-browser", "google-chrome", "chrome"] {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return Some(candidate.to_string_lossy().into_owned());
+            }
+        }
+    }
+    None
+}
+
+/// CI and `HEADROOM_REQUIRE_BROWSER=1` must have a browser: a missing one fails there.
+fn browser_required() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
+        || std::env::var("HEADROOM_REQUIRE_BROWSER").is_ok_and(|v| v == "1")
+}
+
+/// One headless Chromium with one page, spoken to over its DevTools websocket.
+struct Browser {
+    child: tokio::process::Child,
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn launch(binary: &str) -> Browser {
+        let profile = tempfile::tempdir().unwrap();
+        let mut child = tokio::process::Command::new(binary)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                "--window-size=1280,860",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromium starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let browser_ws = loop {
+            let line = tokio::time::timeout_at(deadline, lines.next_line())
+                .await
+                .expect("chromium prints its DevTools address within 60 s")
+                .expect("chromium's stderr is readable")
+                .expect("chromium exited before listening");
+            if let Some(url) = line.split("DevTools listening on ").nth(1) {
+                break url.trim().to_string();
+            }
+        };
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        // ws://127.0.0.1:PORT/devtools/browser/ID → the page target from /json/list.
+        let hostport = browser_ws
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let list: Value = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("http://{hostport}/json/list"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .map(|b| serde_json::from_slice(&b).unwrap())
+            .unwrap();
+        let page_ws = list
+            .as_array()
+            .and_then(|a| a.iter().find(|t| t["type"] == "page"))
+            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            .expect("chromium has a page target")
+            .to_string();
+        let (ws, _) = tokio_tungstenite::connect_async(page_ws.as_str())
+            .await
+            .expect("DevTools websocket connects");
+        Browser {
+            child,
+            ws,
+            next_id: 1,
+            _profile: profile,
+        }
+    }
+
+    /// Sends one DevTools command and waits for its answer (events in between are skipped).
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = json!({"id": id, "method": method, "params": params}).to_string();
+        self.ws.send(Message::text(msg)).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("no answer to {method} within 30 s"))
+                .expect("websocket open")
+                .expect("websocket frame");
+            let Message::Text(text) = frame else { continue };
+            let v: Value = serde_json::from_str(&text).unwrap();
+            if v["id"] == id {
+                assert!(v.get("error").is_none(), "{method} failed: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates a JavaScript expression in the page and returns its value.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true}),
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    /// Polls `expression` until `accept` holds, for at most `within`; returns the last value.
+    async fn wait_for(
+        &mut self,
+        expression: &str,
+        within: Duration,
+        accept: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let v = self.eval(expression).await;
+            if accept(&v) || Instant::now() >= deadline {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+const TEXT_ROW: &str = r#"document.querySelector('#lanes tr[data-lane="text"]')"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
+    let Some(binary) = chromium() else {
+        assert!(
+            !browser_required(),
+            "no Chromium found (install Debian's `chromium`, or set HEADROOM_CHROMIUM)"
+        );
+        eprintln!("skipped: no Chromium on PATH (CI requires one)");
+        return;
+    };
+    let up = serve_upstream::start().await;
+    let g = gateway(&config(&up.url(), "")).await;
+    let base = format!("http://{}", g.addr);
+    let mut browser = Browser::launch(&binary).await;
+    browser
+        .call("Page.navigate", json!({"url": format!("{base}/ui")}))
+        .await;
+
+    // The script has taken over (state "live") and shows both lanes with their limits.
+    let state = browser
+        .wait_for(
+            &format!("document.querySelector('main').dataset.state + '|' + ({TEXT_ROW} ? {TEXT_ROW}.querySelector('.inflight').textContent : '')"),
+            Duration::from_secs(20),
+            |v| v.as_str().is_some_and(|s| s.starts_with("live|")),
+        )
+        .await;
+    assert_eq!(
+        state,
+        json!("live|0/1"),
+        "the page shows the text lane live"
+    );
+    let audio = browser
+        .eval(r#"document.querySelector('#lanes tr[data-lane="audio"] .queued').textContent"#)
+        .await;
+    assert_eq!(audio, json!("0/4"));
+    let before = browser
+        .eval(&format!("{TEXT_ROW}.querySelector('.t429').textContent"))
+        .await;
+    assert_eq!(before, json!("0"));
+
+    // A burst of ten against one slot and no queue: the clients count their 429s.
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let sends = (0..10).map(|i| {
+        let c = client.clone();
+        let url = format!("{base}/v1/chat/completions");
+        let body = body.clone();
+        async move {
+            c.post(url)
+                .header("content-type", "application/json")
+                .header("x-test-id", format!("burst-{i}"))
+                .header("x-test-delay-ms", "1500")
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    });
+    let statuses = futures_util::future::join_all(sends).await;
+    let rejected = statuses.iter().filter(|s| **s == 429).count();
+    assert!(
+        rejected >= 5,
+        "the burst is rejected by the lane: {statuses:?}"
+    );
+
+    // The page shows exactly what the clients saw, and names the code.
+    let shown = browser
+        .wait_for(
+            &format!("{TEXT_ROW}.querySelector('.t429').textContent"),
+            Duration::from_secs(10),
+            |v| v == &json!(rejected.to_string()),
+        )
+        .await;
+    assert_eq!(shown, json!(rejected.to_string()), "429 total on the page");
+    let codes = browser
+        .eval("Array.from(document.querySelectorAll('#rejections td.code')).map(e => e.textContent).join(',')")
+        .await;
+    assert!(
+        codes.as_str().unwrap_or("").contains("lane_saturated"),
+        "rejections by code: {codes}"
+    );
+    let rate = browser
+        .eval(&format!(
+            "parseFloat({TEXT_ROW}.querySelector('.r429').textContent)"
+        ))
+        .await;
+    assert!(
+        rate.as_f64().unwrap_or(0.0) > 0.0,
+        "429/s over the last 10 s: {rate}"
+    );
+
+    // A picture of it, for the README when asked for.
+    let shot = browser
+        .call("Page.captureScreenshot", json!({"format": "png"}))
+        .await;
+    let png = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(&png[1..4], b"PNG");
+    let target = std::env::var("HEADROOM_UI_SCREENSHOT").unwrap_or_else(|_| {
+        std::env::temp_dir()
+            .join("headroom-ui.png")
+            .display()
+            .to_string()
+    });
+    std::fs::write(&target, &png).unwrap();
+
+    // The gateway goes away: the page must say its data is stale, not keep showing it as live.
+    g.shutdown().await.unwrap();
+    let gone = browser
+        .wait_for(
+            "document.querySelector('main').dataset.state",
+            Duration::from_secs(15),
+            |v| v == &json!("stale"),
+        )
+        .await;
+    assert_eq!(gone, json!("stale"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_without_javascript_is_a_table_and_needs_the_key() {
+    let up = serve_upstream::start().await;
+    let g = gateway(&config(&up.url(), r#""page-key""#)).await;
+    let base = format!("http://{}", g.addr);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+
+    // Without a key: 401 that makes a browser ask (Basic), in OpenAI's error shape.
+    let r = client.get(format!("{base}/ui")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let ask = r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(ask.starts_with("Basic"), "{ask}");
+    let err: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(err["error"]["code"], "invalid_api_key");
+    // A wrong Basic password is refused; the key as the password is accepted; so is Bearer.
+    let r = client
+        .get(format!("{base}/ui/state"))
+        .basic_auth("anyone", Some("nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client
+        .get(format!("{base}/ui/state"))
+        .bearer_auth("page-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // One rejection, then the server-rendered page (what a browser without JavaScript shows).
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let slow = {
+        let c = client.clone();
+        let url = format!("{base}/v1/chat/completions");
+        let body = body.clone();
+        tokio::spawn(async move {
+            c.post(url)
+                .bearer_auth("page-key")
+                .header("content-type", "application/json")
+                .header("x-test-delay-ms", "1500")
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth("page-key")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(slow.await.unwrap().unwrap(), 200);
+    // The ring samples once a second: wait for a sample that has the rejection.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let html = loop {
+        let html = client
+            .get(format!("{base}/ui"))
+            .basic_auth("ops", Some("page-key"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if html.contains("<td>lane_saturated</td>") || Instant::now() >= deadline {
+            break html;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        html.contains(r#"<tr data-lane="text">"#),
+        "lanes table rendered"
+    );
+    assert!(
+        html.contains(r#"<td class="t429">1</td>"#),
+        "one 429 in the table"
+    );
+    assert!(
+        html.contains("<td>lane_saturated</td><td>429</td>"),
+        "{html}"
+    );
+    assert!(
+        !html.contains("src=\"http"),
+        "nothing loaded from elsewhere"
+    );
+    g.shutdown().await.unwrap();
+}
