@@ -3,7 +3,9 @@
 # 127.0.0.1, the official openai Python client), then end-to-end tests through `headroom serve`
 # in front of real llama.cpp and Whisper servers on this CPU (scripts/backends.sh installs them
 # under .backends/ from PyPI, starts them, and this script stops them again).
-# HEADROOM_SKIP_E2E=1 runs the Rust tests alone, with no Python packages.
+# With the end-to-end part it also installs chromium and prometheus (promtool) from Debian's
+# packages when missing and checks deploy/ (alert rules, systemd units).
+# HEADROOM_SKIP_E2E=1 runs the Rust tests alone, with no Python or Debian packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +15,10 @@ e2e=1
 if [ $e2e = 1 ]; then
   scripts/backends.sh install
   export HEADROOM_PYTHON=$PWD/.backends/client/bin/python HEADROOM_REQUIRE_PY=1
+  # Chromium for the status page test, promtool for the alert rules (Debian packages).
+  scripts/system-deps.sh
+  export HEADROOM_REQUIRE_BROWSER=1
+  scripts/check-deploy.sh
 fi
 
 cargo test --workspace --locked "$@"

@@ -4,9 +4,11 @@
 //! server-rendered table) and the page's key check.
 
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use headroom_gpu::{GpuProbe, ScriptedProbe};
 use headroom_server::{Running, ServeConfig};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -29,6 +31,7 @@ upstreams = ["{upstream}"]
 max_inflight = 1
 max_queue = 0
 policy = "reject"
+engine = "vllm"
 
 [[lanes]]
 name = "audio"
@@ -42,9 +45,28 @@ max_queue = 4
 
 async fn gateway(toml: &str) -> Running {
     let config = ServeConfig::from_toml(toml).expect("test config is valid");
-    headroom_server::spawn(config, None)
+    // A 24 GiB card whose use climbs from 6 GiB to 12 GiB over the first 30 readings.
+    let used: Vec<u64> = (0..=30).map(|i| (6 << 30) + i * (200 << 20)).collect();
+    let probe: Arc<dyn GpuProbe> = Arc::new(ScriptedProbe::single_gpu_series(
+        24 << 30,
+        4242,
+        "vllm",
+        &used,
+    ));
+    headroom_server::spawn(config, Some(probe))
         .await
         .expect("gateway starts")
+}
+
+/// What a vLLM's /metrics says, for the engines table.
+fn vllm_metrics(up: &serve_upstream::Upstream) {
+    *up.metrics_text.lock().unwrap() = "# TYPE vllm:num_requests_waiting gauge\n\
+        vllm:num_requests_waiting{model_name=\"m\"} 0\n\
+        # TYPE vllm:num_requests_running gauge\n\
+        vllm:num_requests_running{model_name=\"m\"} 1\n\
+        # TYPE vllm:kv_cache_usage_perc gauge\n\
+        vllm:kv_cache_usage_perc{model_name=\"m\"} 0.37\n"
+        .to_string();
 }
 
 /// The browser to drive: `HEADROOM_CHROMIUM`, else the first of the usual names on PATH.
@@ -221,6 +243,7 @@ async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
         return;
     };
     let up = serve_upstream::start().await;
+    vllm_metrics(&up);
     let g = gateway(&config(&up.url(), "")).await;
     let base = format!("http://{}", g.addr);
     let mut browser = Browser::launch(&binary).await;
@@ -249,6 +272,29 @@ async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
         .eval(&format!("{TEXT_ROW}.querySelector('.t429').textContent"))
         .await;
     assert_eq!(before, json!("0"));
+    // Memory from the probe and the engine's own load, as the gateway read them.
+    let memory = browser
+        .wait_for(
+            "document.querySelector('#memory tbody td:nth-child(2)').textContent",
+            Duration::from_secs(10),
+            |v| v.as_str().is_some_and(|s| s.ends_with("GiB")),
+        )
+        .await;
+    let gib: f64 = memory
+        .as_str()
+        .unwrap()
+        .trim_end_matches(" GiB")
+        .parse()
+        .unwrap();
+    assert!((6.0..=12.01).contains(&gib), "memory shown: {memory}");
+    let kv = browser
+        .wait_for(
+            "document.querySelector('#engines tbody td:nth-child(2)').textContent",
+            Duration::from_secs(10),
+            |v| v == &json!("37 %"),
+        )
+        .await;
+    assert_eq!(kv, json!("37 %"), "engine KV usage shown");
 
     // A burst of ten against one slot and no queue: the clients count their 429s.
     let client = reqwest::Client::builder().no_proxy().build().unwrap();

@@ -73,6 +73,18 @@ pub struct LaneConfig {
     pub upstream_api_key: Option<String>,
 }
 
+impl LaneConfig {
+    /// `audio` when the lane takes audio (an `/v1/audio/…` path, or chat requests with audio
+    /// parts), else `text`: the `kind` label of `headroom_lane_info`.
+    pub fn kind(&self) -> &'static str {
+        if self.chat_audio || self.paths.iter().any(|p| p.starts_with("/v1/audio/")) {
+            "audio"
+        } else {
+            "text"
+        }
+    }
+}
+
 /// The whole gateway configuration after validation.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {

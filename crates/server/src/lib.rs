@@ -77,6 +77,7 @@ impl Gateway {
             .build()
             .map_err(|e| ServeError::Client(e.to_string()))?;
         let telemetry = Arc::new(telemetry::Telemetry::new());
+        telemetry.describe_lanes(&config.lanes);
         Ok(Gateway {
             state: Arc::new(app::AppState::new(config, gate, client, telemetry)),
             probe,

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 
 use crate::config::EngineKind;
 use crate::telemetry::{
-    GPU_MEMORY_USED_BYTES, Telemetry, UPSTREAM_KV_CACHE_USAGE, UPSTREAM_REQUESTS_RUNNING,
-    UPSTREAM_REQUESTS_WAITING,
+    GPU_MEMORY_USED_BYTES, Telemetry, UPSTREAM_KV_CACHE_USAGE, UPSTREAM_LAST_SCRAPE_TIMESTAMP,
+    UPSTREAM_REQUESTS_RUNNING, UPSTREAM_REQUESTS_WAITING,
 };
 
 /// Sum of one metric over all its label sets (e.g. several `model_name`s); `None` when absent.
@@ -156,6 +156,12 @@ pub async fn scrape_loop(
         for t in &targets {
             if let Some(load) = scrape_once(&client, t, interval).await {
                 let labels = [("upstream", t.upstream.as_str())];
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                telemetry
+                    .gauge(UPSTREAM_LAST_SCRAPE_TIMESTAMP, &labels)
+                    .set(now);
                 if let Some(kv) = load.kv_cache_usage {
                     telemetry.gauge(UPSTREAM_KV_CACHE_USAGE, &labels).set(kv);
                 }

@@ -20,6 +20,14 @@ pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
 pub const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
 pub const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
 pub const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
+/// Unix time of the last good scrape of an engine's `/metrics`, per upstream (alerting on
+/// staleness: `time() - …`).
+pub const UPSTREAM_LAST_SCRAPE_TIMESTAMP: &str = "headroom_upstream_last_scrape_timestamp_seconds";
+/// 1 per lane, with its `kind` (`audio` or `text`), for dashboards and alert rules to join on.
+pub const LANE_INFO: &str = "headroom_lane_info";
+pub const LANE_MAX_INFLIGHT: &str = "headroom_lane_max_inflight";
+pub const LANE_MAX_QUEUE: &str = "headroom_lane_max_queue";
+pub const LANE_QUEUE_TIMEOUT_SECONDS: &str = "headroom_lane_queue_timeout_seconds";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -69,6 +77,21 @@ impl Telemetry {
     pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
         self.recorder
             .register_histogram(&key(name, labels), &METADATA)
+    }
+
+    /// Publishes each lane's configured limits once (they do not change while serving).
+    pub fn describe_lanes(&self, lanes: &[crate::config::LaneConfig]) {
+        for lane in lanes {
+            let name = lane.spec.name.as_str();
+            self.gauge(LANE_INFO, &[("lane", name), ("kind", lane.kind())])
+                .set(1.0);
+            self.gauge(LANE_MAX_INFLIGHT, &[("lane", name)])
+                .set(lane.spec.max_inflight as f64);
+            self.gauge(LANE_MAX_QUEUE, &[("lane", name)])
+                .set(lane.spec.max_queue as f64);
+            self.gauge(LANE_QUEUE_TIMEOUT_SECONDS, &[("lane", name)])
+                .set(lane.spec.queue_timeout.as_secs_f64());
+        }
     }
 
     /// Counts one finished request by outcome.

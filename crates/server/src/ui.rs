@@ -622,7 +622,7 @@ fn memory_table(view: &UiView) -> String {
     for (device, used) in &view.memory_used_bytes {
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td></tr>",
+            "<tr><td>GPU {}</td><td>{}</td></tr>",
             escape(device),
             bytes_cell(*used)
         );

@@ -66,7 +66,7 @@
       return { device: k, used: s.memory_used_bytes[k] };
     });
     rows("memory", devices, function (d) {
-      return [{ text: d.device }, { text: gib(d.used) }];
+      return [{ text: "GPU " + d.device }, { text: gib(d.used) }];
     }, "no memory probe");
     var box = document.getElementById("box");
     while (box.firstChild) box.removeChild(box.firstChild);
@@ -100,12 +100,15 @@
     var svg = document.getElementById("chart");
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     if (!points || points.length < 2) return;
-    var t0 = points[points.length - 1].unix_ms - 600000;
+    // Ten minutes at most; a younger gateway's history fills the width.
+    var t1 = points[points.length - 1].unix_ms;
+    var t0 = Math.max(t1 - 600000, points[0].unix_ms);
+    var span = Math.max(t1 - t0, 1);
     var max = 0;
     points.forEach(function (p) { if (p.used_bytes > max) max = p.used_bytes; });
     if (max <= 0) max = 1;
     var pts = points.filter(function (p) { return p.unix_ms >= t0; }).map(function (p) {
-      var x = ((p.unix_ms - t0) / 600000) * 600;
+      var x = ((p.unix_ms - t0) / span) * 600;
       var y = 115 - (p.used_bytes / max) * 110;
       return x.toFixed(1) + "," + y.toFixed(1);
     }).join(" ");
@@ -114,7 +117,7 @@
     svg.appendChild(line);
     var label = document.createElementNS("http://www.w3.org/2000/svg", "text");
     label.setAttribute("x", "4"); label.setAttribute("y", "12"); label.setAttribute("font-size", "10");
-    label.textContent = "peak " + gib(max) + ", last 10 min";
+    label.textContent = "peak " + gib(max) + ", last " + Math.max(1, Math.round(span / 60000)) + " min";
     svg.appendChild(label);
   }
   function drawEngines(s) {
