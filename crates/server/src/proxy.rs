@@ -141,6 +141,30 @@ pub struct Passthrough {
     first: bool,
     done: bool,
     preempted: Option<Pin<Box<OwnedNotified>>>,
+    /// The last bytes passed to the client (at most 4), to tell whether an SSE event is open.
+    tail: Vec<u8>,
+}
+
+/// Whether an SSE stream whose last bytes were `tail` stands between two events (nothing sent
+/// yet, or the last event ended with a blank line).
+pub fn at_event_boundary(tail: &[u8]) -> bool {
+    tail.is_empty()
+        || tail.ends_with(b"\n\n")
+        || tail.ends_with(b"\r\r")
+        || tail.ends_with(b"\r\n\r\n")
+        || tail.ends_with(b"\n\r\n")
+}
+
+/// The error event to append to an SSE stream that ends early: on its own, after a blank line
+/// that closes any event the upstream left half-sent, so a client never reads it glued to (and
+/// lost inside) the upstream's last event.
+pub fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
+    let event = error.sse_event();
+    if at_event_boundary(tail) {
+        event
+    } else {
+        format!("\n\n{event}")
+    }
 }
 
 impl Passthrough {
@@ -160,6 +184,7 @@ impl Passthrough {
             first: true,
             done: false,
             preempted: None,
+            tail: Vec::new(),
         }
     }
 
@@ -179,7 +204,8 @@ impl Passthrough {
         self.inner = None;
         self.flight.finish(outcome);
         if self.sse {
-            Poll::Ready(Some(Ok(Bytes::from(error.sse_event()))))
+            let event = closing_error_event(&self.tail, &error);
+            Poll::Ready(Some(Ok(Bytes::from(event))))
         } else {
             Poll::Ready(Some(Err(std::io::Error::other(error.message))))
         }
@@ -213,6 +239,12 @@ impl Stream for Passthrough {
                 if this.first {
                     this.first = false;
                     this.flight.first_byte();
+                }
+                if this.sse && !chunk.is_empty() {
+                    let keep = chunk.len().min(4);
+                    this.tail.extend_from_slice(&chunk[chunk.len() - keep..]);
+                    let excess = this.tail.len().saturating_sub(4);
+                    this.tail.drain(..excess);
                 }
                 Poll::Ready(Some(Ok(chunk)))
             }
@@ -252,6 +284,18 @@ pub fn header(name: &'static str) -> HeaderName {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn an_error_event_after_a_half_sent_event_is_framed_on_its_own() {
+        let e = ApiError::new(StatusCode::BAD_GATEWAY, "upstream_stream_error", "x");
+        let whole = e.sse_event();
+        assert_eq!(closing_error_event(b"", &e), whole);
+        assert_eq!(closing_error_event(b"}\n\n", &e), whole);
+        assert_eq!(closing_error_event(b"\r\n\r\n", &e), whole);
+        // The upstream stopped inside an event: a blank line closes it first.
+        assert_eq!(closing_error_event(b"choi", &e), format!("\n\n{whole}"));
+        assert_eq!(closing_error_event(b"}\n", &e), format!("\n\n{whole}"));
+    }
 
     #[test]
     fn hop_by_hop_and_gateway_headers_stay_behind() {
