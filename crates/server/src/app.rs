@@ -623,12 +623,12 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
     {
         headers.insert(header::AUTHORIZATION, v);
     }
-    let send = s
-        .client
-        .request(Method::POST, url)
-        .headers(headers)
-        .body(forward_body)
-        .send();
+    let send = crate::proxy::send_resending_stale(
+        s.client
+            .request(Method::POST, url)
+            .headers(headers)
+            .body(forward_body),
+    );
     let response = tokio::time::timeout_at(deadline, send);
     let response = match &mut preempted {
         None => response.await,
