@@ -30,7 +30,7 @@ pub struct SoakArgs {
     #[arg(long, default_value_t = 0)]
     pub warmup_rounds: usize,
     /// Prometheus endpoint polled during rounds for the server's queue depth (a headroom serve
-    /// gateway's /metrics, or a vLLM engine's).
+    /// gateway's /metrics, or a vLLM engine's). Sent --api-key / HEADROOM_API_KEY too.
     #[arg(long)]
     pub metrics_url: Option<String>,
     /// SQLite file keeping rounds across invocations.
@@ -64,6 +64,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
             history: args.history.clone(),
             sample_file: args.load.samples.clone(),
             metrics_url: args.metrics_url.clone(),
+            metrics_api_key: args.load.api_key.clone(),
         };
         let cancel = ctrl_c_channel();
         let total = args.rounds;

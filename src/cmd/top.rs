@@ -55,6 +55,9 @@ pub struct TopArgs {
     /// Base URL of a running `headroom serve` whose lanes to show (reads /admin/lanes).
     #[arg(long, value_name = "URL")]
     pub gateway: Option<String>,
+    /// API key for --gateway (sent as `Authorization: Bearer KEY`; required off loopback).
+    #[arg(long, env = "HEADROOM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Append every sample to FILE (sample-file format).
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
@@ -77,7 +80,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
     let gateway = args
         .gateway
         .as_deref()
-        .map(Gateway::parse)
+        .map(|url| Gateway::parse(url)?.with_api_key(args.api_key.as_deref()))
         .transpose()
         .map_err(anyhow::Error::msg)?;
     if args.replay.is_some() && args.record.is_some() {

@@ -1059,6 +1059,7 @@ fn soak_with(
             history: history.map(Path::to_path_buf),
             sample_file: None,
             metrics_url: None,
+            metrics_api_key: None,
         };
         let (_tx, rx) = tokio::sync::watch::channel(false);
         headroom_bench::soak::soak(
@@ -1286,13 +1287,14 @@ fn soak_binary_without_gpu_keeps_rounds_and_says_why_there_is_no_verdict() {
 }
 
 /// The soak's server-side queue depth, read from a real `headroom serve` gateway's /metrics while
-/// rounds run: one slot, a queue, four clients, so requests wait in the gateway.
+/// rounds run: one slot, a queue, four clients, so requests wait in the gateway. The gateway
+/// requires an API key, as one off loopback does: `--api-key` reaches /metrics too.
 #[test]
 fn soak_reads_the_gateway_queue_depth_from_its_metrics() {
     let _serial = serial();
     let engine = start(Mode::Normal, Duration::from_millis(100), None);
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 1\nmax_queue = 8\nqueue_timeout = \"10s\"\npolicy = \"queue\"\n",
+        "listen = \"127.0.0.1:0\"\napi_keys = [\"soak-key\"]\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 1\nmax_queue = 8\nqueue_timeout = \"10s\"\npolicy = \"queue\"\n",
         engine.url()
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -1322,6 +1324,8 @@ fn soak_reads_the_gateway_queue_depth_from_its_metrics() {
         "50ms",
         "--metrics-url",
         &metrics,
+        "--api-key",
+        "soak-key",
         "--format",
         "json",
     ]);

@@ -7,5 +7,6 @@ mod doctor;
 mod plan;
 mod serve;
 mod serve_upstream;
+mod stale_conn;
 mod top;
 mod ui;

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 use axum::Router;
 use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use serde_json::Value;
 
@@ -186,6 +187,53 @@ fn gateway_lanes_are_shown_with_missing_fields_tolerated() {
     let text = String::from_utf8(output.stdout).expect("utf8");
     assert!(text.contains("gateway lanes"), "{text}");
     assert!(text.contains("2/4"), "in-flight of max: {text}");
+}
+
+/// A gateway off loopback requires an API key: `top --gateway` sends `--api-key` (or
+/// `HEADROOM_API_KEY`) as a bearer token, and says what is missing when it has none.
+#[test]
+fn gateway_lanes_are_read_with_an_api_key() {
+    let body = r#"{"lanes":[{"name":"text","inflight":1}]}"#;
+    let url = serve(Router::new().route(
+        "/admin/lanes",
+        get(move |headers: axum::http::HeaderMap| async move {
+            let auth = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            if auth == Some("Bearer top-key") {
+                ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            } else {
+                (StatusCode::UNAUTHORIZED, "no key").into_response()
+            }
+        }),
+    ));
+    let file = sample_file();
+    let path = file.to_str().expect("path");
+    let base = [
+        "top",
+        "--once",
+        "--format",
+        "json",
+        "--replay",
+        path,
+        "--gateway",
+        &url,
+    ];
+    let output = headroom(&base);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(stderr_line(&output).contains("--api-key"), "{output:?}");
+    let mut with_key = base.to_vec();
+    with_key.extend(["--api-key", "top-key"]);
+    let output = headroom(&with_key);
+    assert!(output.status.success(), "{output:?}");
+    let json: Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(json["lanes"][0]["name"], "text");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(base)
+        .env("HEADROOM_API_KEY", "top-key")
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{output:?}");
 }
 
 #[test]

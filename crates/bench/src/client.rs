@@ -63,6 +63,9 @@ pub struct RequestRecord {
     pub output_tokens: Option<u64>,
     /// Seconds of audio sent (transcription) for RTFx.
     pub audio_seconds: Option<f64>,
+    /// Times the request was sent again on a fresh connection because a pooled one had been
+    /// closed by the server before the request reached it (see [`never_reached_server`]).
+    pub stale_retries: u32,
 }
 
 impl RequestRecord {
@@ -99,6 +102,7 @@ pub async fn execute(
         e2e: Duration::ZERO,
         output_tokens: None,
         audio_seconds: None,
+        stale_retries: 0,
     };
     let result =
         tokio::time::timeout(timeout, send(client, spec, seq, run_start, &mut record)).await;
@@ -117,22 +121,21 @@ pub async fn execute(
     record
 }
 
-async fn send(
+/// Builds request number `seq` of `spec` on `client`; `Err` says why it cannot be sent.
+fn build(
     client: &reqwest::Client,
     spec: &RequestSpec,
     seq: u64,
-    run_start: Instant,
     record: &mut RequestRecord,
-) -> Instant {
+) -> Result<reqwest::RequestBuilder, String> {
     let Some(url) = spec.endpoint_url() else {
-        record.error = Some(format!("not a valid URL: {}", spec.endpoint()));
-        return Instant::now();
+        return Err(format!("not a valid URL: {}", spec.endpoint()));
     };
     let mut builder = client.post(url.clone());
     if let Some(key) = &spec.api_key {
         builder = builder.bearer_auth(key);
     }
-    builder = match spec.kind {
+    Ok(match spec.kind {
         RequestKind::Chat => {
             let mut body = json!({
                 "model": spec.model,
@@ -167,8 +170,7 @@ async fn send(
         ),
         RequestKind::Transcription => {
             if spec.audio.is_empty() {
-                record.error = Some("no audio files".into());
-                return Instant::now();
+                return Err("no audio files".into());
             }
             let clip = &spec.audio[(seq % spec.audio.len() as u64) as usize];
             record.audio_seconds = clip.seconds;
@@ -187,11 +189,87 @@ async fn send(
             }
             builder.multipart(form)
         }
+    })
+}
+
+/// Whether a send error proves the request never reached the server: the connection was closed
+/// or reset under it before any byte of a response came back, and it was not a failure to
+/// connect (a server that is down is an error, not a stale connection). This is what a pooled
+/// keep-alive connection looks like when the server closed it right after its last response
+/// (llama.cpp does so after a stream, while advertising keep-alive): the request goes out on the
+/// dead socket within microseconds, the kernel answers with a reset, and the server's
+/// application never reads a byte of it. hyper reports this as "connection closed before
+/// message completed" (or the reset itself) with no response head.
+pub fn never_reached_server(e: &reqwest::Error) -> bool {
+    if e.is_connect() || e.is_timeout() || e.status().is_some() {
+        return false;
+    }
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        if s.to_string()
+            .contains("connection closed before message completed")
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// A client that never reuses a connection, for the one resend after a stale pooled connection.
+fn fresh_connection_client() -> Option<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .tcp_nodelay(true)
+        .build()
+        .ok()
+}
+
+async fn send(
+    client: &reqwest::Client,
+    spec: &RequestSpec,
+    seq: u64,
+    run_start: Instant,
+    record: &mut RequestRecord,
+) -> Instant {
+    let builder = match build(client, spec, seq, record) {
+        Ok(b) => b,
+        Err(why) => {
+            record.error = Some(why);
+            return Instant::now();
+        }
     };
     // The clock starts when the request is handed to the connection, not while it is built.
     let start = Instant::now();
     record.started = start.saturating_duration_since(run_start);
     let response = match builder.send().await {
+        Ok(r) => Ok(r),
+        Err(e) if never_reached_server(&e) => {
+            // Sent again, once, on a connection of its own; the lost microseconds stay in the
+            // measured time.
+            record.stale_retries += 1;
+            match fresh_connection_client() {
+                Some(fresh) => match build(&fresh, spec, seq, record) {
+                    Ok(b) => b.send().await,
+                    Err(_) => Err(e),
+                },
+                None => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let response = match response {
         Ok(r) => r,
         Err(e) => {
             record.error = Some(describe_reqwest(&e));
@@ -376,6 +454,7 @@ mod tests {
             e2e: Duration::from_millis(1100),
             output_tokens: Some(11),
             audio_seconds: None,
+            stale_retries: 0,
         };
         assert_eq!(r.tpot(), Some(Duration::from_millis(100)));
     }

@@ -39,6 +39,7 @@ pub fn definitions() -> BTreeMap<String, String> {
         ("output_token_throughput_tps", "output tokens of ok requests / duration_s"),
         ("goodput_rps", "ok requests meeting every --slo bound / duration_s"),
         ("rtfx", "seconds of audio transcribed by ok requests / duration_s"),
+        ("stale_connection_retries", "requests sent again on a fresh connection because the server had closed the pooled keep-alive connection before the request reached it; each is counted once, by its final outcome"),
         ("outcomes", "ok = 2xx with a well-formed body; http_429/http_503/http_504 by status; other_error = any other status, transport error, timeout or malformed body"),
     ]
     .into_iter()
@@ -231,6 +232,9 @@ pub struct Report {
     pub e2e_ms: LatencySummary,
     pub by_kind: Vec<KindReport>,
     pub errors: Vec<ErrorCount>,
+    /// Requests sent again on a fresh connection because the pooled one had been closed by the
+    /// server before the request reached it (not errors: each was answered once).
+    pub stale_connection_retries: u64,
     pub gpu: GpuReport,
     pub timeline: Vec<TimelineEntry>,
     pub sweep: Option<SweepReport>,
@@ -400,6 +404,7 @@ pub fn build(
         e2e_ms: all.e2e.summary(),
         by_kind,
         errors,
+        stale_connection_retries: run.records.iter().map(|r| r.stale_retries as u64).sum(),
         gpu,
         timeline,
         sweep,

@@ -43,6 +43,8 @@ pub struct SoakConfig {
     /// Prometheus endpoint polled during each round for the server-side queue depth (a
     /// `headroom serve` gateway's `/metrics`, or a vLLM engine's).
     pub metrics_url: Option<String>,
+    /// Sent as `Authorization: Bearer KEY` to `metrics_url` (a gateway off loopback needs one).
+    pub metrics_api_key: Option<String>,
 }
 
 /// One round.
@@ -159,15 +161,15 @@ pub fn queue_depth_from_metrics(text: &str) -> Option<f64> {
 async fn poll_queue_depth(
     client: reqwest::Client,
     url: String,
+    api_key: Option<String>,
     deepest: Arc<std::sync::Mutex<Option<f64>>>,
 ) {
     loop {
-        let text = match client
-            .get(&url)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-        {
+        let mut get = client.get(&url).timeout(Duration::from_secs(2));
+        if let Some(key) = &api_key {
+            get = get.bearer_auth(key);
+        }
+        let text = match get.send().await.and_then(|r| r.error_for_status()) {
             Ok(r) => r.text().await.ok(),
             Err(_) => None,
         };
@@ -231,10 +233,14 @@ pub async fn soak(
             run_config.warmup = 0;
         }
         let deepest = Arc::new(std::sync::Mutex::new(None::<f64>));
-        let poller = config
-            .metrics_url
-            .clone()
-            .map(|url| tokio::spawn(poll_queue_depth(client.clone(), url, Arc::clone(&deepest))));
+        let poller = config.metrics_url.clone().map(|url| {
+            tokio::spawn(poll_queue_depth(
+                client.clone(),
+                url,
+                config.metrics_api_key.clone(),
+                Arc::clone(&deepest),
+            ))
+        });
         let run = runner::run(
             client.clone(),
             run_config,

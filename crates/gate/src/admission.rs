@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
 use crate::pressure::EngineLoad;
+use crate::upstream;
 
 /// How often queued requests re-check time- and pressure-based conditions (yield expiry, GPU
 /// memory, engine load) that no release event announces.
@@ -570,6 +571,8 @@ impl Inner {
     }
 
     /// Decides whether a request may start on `lane` now; on success returns the upstream to use.
+    /// Each concern is one step, in this order: draining, the lane's and the device's caps (with
+    /// priority), yielding, GPU memory, then the choice of upstream.
     fn check(
         &self,
         st: &mut State,
@@ -577,68 +580,87 @@ impl Inner {
         now: Instant,
         request: &AdmitRequest,
     ) -> Result<usize, RejectReason> {
+        Self::check_draining(st)?;
+        self.check_lane_cap(st, lane)?;
+        self.check_device_cap(st, lane)?;
+        self.check_yield(st, lane, now)?;
+        self.check_memory(lane, request)?;
         let spec = &self.specs[lane];
+        upstream::choose(spec, &st.lanes[lane].upstream_inflight, &st.engine, now)
+            .ok_or(RejectReason::EngineSaturated)
+    }
+
+    /// A draining gate admits nothing new.
+    fn check_draining(st: &State) -> Result<(), RejectReason> {
         if st.draining {
             return Err(RejectReason::ShuttingDown);
         }
-        if st.lanes[lane].inflight >= spec.max_inflight {
+        Ok(())
+    }
+
+    /// Every in-flight slot of the lane is taken.
+    fn check_lane_cap(&self, st: &State, lane: usize) -> Result<(), RejectReason> {
+        if st.lanes[lane].inflight >= self.specs[lane].max_inflight {
             return Err(RejectReason::Saturated);
         }
-        if let Some(total) = self.max_inflight_total {
-            if st.total_inflight >= total {
-                return Err(RejectReason::DeviceSaturated);
-            }
-            // A higher-priority lane whose head request waits only for the shared cap goes first.
-            let waiting_higher = self.by_priority.iter().any(|&other| {
-                other != lane
-                    && self.specs[other].priority > spec.priority
-                    && !st.lanes[other].queue.is_empty()
-                    && st.lanes[other].inflight < self.specs[other].max_inflight
-            });
-            if waiting_higher {
-                return Err(RejectReason::DeviceSaturated);
-            }
+        Ok(())
+    }
+
+    /// The device-wide cap is reached, or a higher-priority lane whose head request waits only for
+    /// that cap goes first.
+    fn check_device_cap(&self, st: &State, lane: usize) -> Result<(), RejectReason> {
+        let Some(total) = self.max_inflight_total else {
+            return Ok(());
+        };
+        if st.total_inflight >= total {
+            return Err(RejectReason::DeviceSaturated);
         }
-        if self.higher_busy(st, lane, now) {
-            let since = *st.lanes[lane].yield_since.get_or_insert(now);
-            if now.saturating_duration_since(since) < spec.max_yield {
-                return Err(RejectReason::Yielding);
-            }
-        } else {
+        let priority = self.specs[lane].priority;
+        let waiting_higher = self.by_priority.iter().any(|&other| {
+            other != lane
+                && self.specs[other].priority > priority
+                && !st.lanes[other].queue.is_empty()
+                && st.lanes[other].inflight < self.specs[other].max_inflight
+        });
+        if waiting_higher {
+            return Err(RejectReason::DeviceSaturated);
+        }
+        Ok(())
+    }
+
+    /// A lane it yields to is busy and this lane has not yet yielded for `max_yield`; starts the
+    /// yield clock on the first hold and clears it once the yielded-to lanes are idle.
+    fn check_yield(&self, st: &mut State, lane: usize, now: Instant) -> Result<(), RejectReason> {
+        if !self.higher_busy(st, lane, now) {
             st.lanes[lane].yield_since = None;
+            return Ok(());
         }
-        if let Some(need) = &spec.gpu {
-            let required = need.required_bytes(request.audio_seconds);
-            let enough = match self.probe.as_ref().map(|p| p.snapshot()) {
-                Some(Ok(devices)) => devices
-                    .iter()
-                    .find(|d| d.index == need.device)
-                    .map(|d| d.free_bytes >= required)
-                    .unwrap_or(need.fail_open),
-                Some(Err(_)) | None => need.fail_open,
-            };
-            if !enough {
-                return Err(RejectReason::GpuMemory);
-            }
+        let since = *st.lanes[lane].yield_since.get_or_insert(now);
+        if now.saturating_duration_since(since) < self.specs[lane].max_yield {
+            return Err(RejectReason::Yielding);
         }
-        let ls = &st.lanes[lane];
-        let candidates = (0..spec.upstreams.len()).filter(|&u| match &spec.engine {
-            None => true,
-            Some(limits) => limits.admits(st.engine.get(&spec.upstreams[u]), now),
-        });
-        let best = candidates.min_by(|&a, &b| {
-            let waiting = |u: usize| {
-                st.engine
-                    .get(&spec.upstreams[u])
-                    .and_then(|l| l.waiting)
-                    .unwrap_or(0.0)
-            };
-            ls.upstream_inflight[a]
-                .cmp(&ls.upstream_inflight[b])
-                .then(waiting(a).total_cmp(&waiting(b)))
-                .then(a.cmp(&b))
-        });
-        best.ok_or(RejectReason::EngineSaturated)
+        Ok(())
+    }
+
+    /// Free GPU memory must cover what the job needs plus the margin; a failing probe counts as
+    /// full unless the lane is fail-open.
+    fn check_memory(&self, lane: usize, request: &AdmitRequest) -> Result<(), RejectReason> {
+        let Some(need) = &self.specs[lane].gpu else {
+            return Ok(());
+        };
+        let required = need.required_bytes(request.audio_seconds);
+        let enough = match self.probe.as_ref().map(|p| p.snapshot()) {
+            Some(Ok(devices)) => devices
+                .iter()
+                .find(|d| d.index == need.device)
+                .map(|d| d.free_bytes >= required)
+                .unwrap_or(need.fail_open),
+            Some(Err(_)) | None => need.fail_open,
+        };
+        if !enough {
+            return Err(RejectReason::GpuMemory);
+        }
+        Ok(())
     }
 
     /// Admits queued requests, highest-priority lanes first, while they fit.

@@ -7,6 +7,7 @@ pub mod admission;
 pub mod cleanup;
 pub mod lane;
 pub mod pressure;
+mod upstream;
 
 pub use admission::{AdmitRequest, Gate, GateSnapshot, LaneSnapshot, Permit, UpstreamSnapshot};
 pub use cleanup::clean_transcript;

@@ -1,5 +1,13 @@
-//! Audio duration from container headers (WAV, FLAC, MP3, OGG Vorbis/Opus) without decoding, and
-//! recognition of other audio containers whose duration is not read (MP4/M4A, WebM).
+//! Audio duration without decoding: WAV, FLAC, MP3 and OGG Vorbis/Opus from their headers (small
+//! bounded readers over a slice), MP4/M4A/MOV and WebM/Matroska through symphonia's demuxers
+//! (container metadata only, no codec is built); containers whose length cannot be read are
+//! reported as such, never as 0 s.
+
+use std::io::Cursor;
+
+use symphonia::core::formats::{FormatOptions, FormatReader};
+use symphonia::core::io::{MediaSourceStream, MediaSourceStreamOptions};
+use symphonia::default::formats::{IsoMp4Reader, MkvReader};
 
 /// What the first bytes of an upload say.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,10 +44,20 @@ pub fn probe(data: &[u8]) -> AudioProbe {
             .unwrap_or(AudioProbe::UnknownDuration { format: "ogg" });
     }
     if data.len() >= 12 && &data[4..8] == b"ftyp" {
-        return AudioProbe::UnknownDuration { format: "mp4" };
+        return demuxed(data, Container::Mp4)
+            .map(|s| AudioProbe::Duration {
+                format: "mp4",
+                seconds: s,
+            })
+            .unwrap_or(AudioProbe::UnknownDuration { format: "mp4" });
     }
     if data.starts_with(&[0x1A, 0x45, 0xDF, 0xA3]) {
-        return AudioProbe::UnknownDuration { format: "webm" };
+        return demuxed(data, Container::Matroska)
+            .map(|s| AudioProbe::Duration {
+                format: "webm",
+                seconds: s,
+            })
+            .unwrap_or(AudioProbe::UnknownDuration { format: "webm" });
     }
     if let Some(s) = mp3(data) {
         return AudioProbe::Duration {
@@ -48,6 +66,51 @@ pub fn probe(data: &[u8]) -> AudioProbe {
         };
     }
     AudioProbe::NotAudio
+}
+
+#[derive(Clone, Copy)]
+enum Container {
+    Mp4,
+    Matroska,
+}
+
+/// Duration of an MP4 or Matroska/WebM file from its container metadata (symphonia's demuxers:
+/// the media duration, else the longest track's). `None` when the container does not say (a
+/// MediaRecorder WebM written live has no Duration element) or cannot be read.
+fn demuxed(data: &[u8], container: Container) -> Option<f64> {
+    // The demuxers are a dependency; a panic inside one on hostile input must not take the
+    // request task down with it.
+    std::panic::catch_unwind(|| {
+        let source = MediaSourceStream::new(
+            Box::new(Cursor::new(data)),
+            MediaSourceStreamOptions::default(),
+        );
+        let options = FormatOptions::default();
+        let reader: Box<dyn FormatReader + '_> = match container {
+            Container::Mp4 => Box::new(IsoMp4Reader::try_new(source, options).ok()?),
+            Container::Matroska => Box::new(MkvReader::try_new(source, options).ok()?),
+        };
+        let info = reader.media_info();
+        let whole = info
+            .time_base
+            .zip(info.duration)
+            .and_then(|(tb, d)| tb.calc_duration(d));
+        let seconds = match whole {
+            Some(t) => t.as_secs_f64(),
+            None => reader
+                .tracks()
+                .iter()
+                .filter_map(|t| t.time_base.zip(t.duration))
+                .filter_map(|(tb, d)| tb.calc_duration(d))
+                .map(|t| t.as_secs_f64())
+                .fold(None, |acc: Option<f64>, s| {
+                    Some(acc.map_or(s, |a| a.max(s)))
+                })?,
+        };
+        (seconds.is_finite() && seconds > 0.0).then_some(seconds)
+    })
+    .ok()
+    .flatten()
 }
 
 fn u16_le(d: &[u8], at: usize) -> Option<u16> {
@@ -442,6 +505,53 @@ mod tests {
         assert_eq!(
             probe(b"\0\0\0\x20ftypM4A \0\0"),
             AudioProbe::UnknownDuration { format: "mp4" }
+        );
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../../tests/data/audio/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    #[test]
+    fn reads_mp4_m4a_webm_and_matroska_duration() {
+        // Files written by FFmpeg's muxers (see tests/data/audio/README.md): AAC in MP4 and M4A,
+        // Opus in WebM and Matroska.
+        for (name, format, want) in [
+            ("clip-3s.m4a", "mp4", 3.0),
+            ("clip-3s.mp4", "mp4", 3.0),
+            ("clip-8s.m4a", "mp4", 8.0),
+            ("clip-3s.webm", "webm", 3.0),
+            ("clip-8s.webm", "webm", 8.0),
+            ("clip-3s.mka", "webm", 3.0),
+        ] {
+            match probe(&fixture(name)) {
+                AudioProbe::Duration { format: f, seconds } => {
+                    assert_eq!(f, format, "{name}");
+                    assert!(close(seconds, want, 0.1), "{name}: {seconds} s");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unreadable_containers_report_unknown_duration_not_zero() {
+        let m4a = fixture("clip-3s.m4a");
+        for cut in [12, 40, 200, m4a.len() / 2] {
+            let p = probe(&m4a[..cut]);
+            assert!(
+                !matches!(p, AudioProbe::Duration { seconds, .. } if seconds <= 0.0),
+                "cut {cut}: {p:?}"
+            );
+        }
+        let webm = fixture("clip-3s.webm");
+        assert_eq!(
+            probe(&webm[..8]),
+            AudioProbe::UnknownDuration { format: "webm" }
         );
     }
 

@@ -211,6 +211,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
                     .with_param(Some("messages")));
                 }
             };
+            check_messages(messages)?;
             for m in messages {
                 match m.get("content") {
                     Some(Value::String(s)) => texts.push(s.clone()),
@@ -267,6 +268,102 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
         max_tokens,
         value,
     })
+}
+
+/// Roles the chat API knows (OpenAI's `ChatCompletionMessageParam` union).
+pub const CHAT_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// Rejects message shapes the OpenAI API rejects (400 `invalid_request_error`), before they are
+/// forwarded: an empty list, a message that is not an object, a missing or unknown role, content
+/// that is neither a string nor a list of typed parts (null only where a role may omit it).
+pub fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_value",
+            Some("messages"),
+            "`messages` must hold at least one message",
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let Some(obj) = m.as_object() else {
+            return Err(ApiError::bad_request(
+                "invalid_type",
+                Some(&format!("messages[{i}]")),
+                format!("`messages[{i}]` must be an object"),
+            ));
+        };
+        let role = match obj.get("role") {
+            Some(Value::String(r)) => r.as_str(),
+            None | Some(Value::Null) => {
+                return Err(ApiError::bad_request(
+                    "missing_field",
+                    Some(&format!("messages[{i}].role")),
+                    format!("`messages[{i}].role` is required"),
+                ));
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "invalid_type",
+                    Some(&format!("messages[{i}].role")),
+                    format!("`messages[{i}].role` must be a string"),
+                ));
+            }
+        };
+        if !CHAT_ROLES.contains(&role) {
+            return Err(ApiError::bad_request(
+                "invalid_value",
+                Some(&format!("messages[{i}].role")),
+                format!(
+                    "`messages[{i}].role` is `{}`; it must be one of {}",
+                    role.chars().take(40).collect::<String>(),
+                    CHAT_ROLES.join(", ")
+                ),
+            ));
+        }
+        let content_param = format!("messages[{i}].content");
+        match obj.get("content") {
+            Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                for (j, part) in parts.iter().enumerate() {
+                    let typed = part
+                        .as_object()
+                        .and_then(|p| p.get("type"))
+                        .is_some_and(Value::is_string);
+                    if !typed {
+                        return Err(ApiError::bad_request(
+                            "invalid_type",
+                            Some(&format!("{content_param}[{j}]")),
+                            format!("`{content_param}[{j}]` must be an object with a `type`"),
+                        ));
+                    }
+                }
+            }
+            // The assistant may omit content when it calls tools; so may the legacy function role.
+            None | Some(Value::Null) if matches!(role, "assistant" | "function") => {}
+            None | Some(Value::Null) => {
+                return Err(ApiError::bad_request(
+                    "missing_field",
+                    Some(&content_param),
+                    format!("`{content_param}` is required for the `{role}` role"),
+                ));
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(
+                    "invalid_type",
+                    Some(&content_param),
+                    format!("`{content_param}` must be a string or a list of content parts"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The stated estimate used without a tokenizer: characters / [`CHARS_PER_TOKEN`], rounded up.
@@ -344,6 +441,58 @@ mod tests {
         });
         let e = parse_json(JsonRoute::Chat, bad.to_string().as_bytes()).unwrap_err();
         assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+
+    #[test]
+    fn message_shapes_the_openai_api_rejects_are_400() {
+        let cases = [
+            (r#"[]"#, "invalid_value", "messages"),
+            (r#"["hi"]"#, "invalid_type", "messages[0]"),
+            (r#"[{"content":"hi"}]"#, "missing_field", "messages[0].role"),
+            (
+                r#"[{"role":"wizard","content":"hi"}]"#,
+                "invalid_value",
+                "messages[0].role",
+            ),
+            (
+                r#"[{"role":7,"content":"hi"}]"#,
+                "invalid_type",
+                "messages[0].role",
+            ),
+            (
+                r#"[{"role":"user","content":42}]"#,
+                "invalid_type",
+                "messages[0].content",
+            ),
+            (
+                r#"[{"role":"user","content":{"text":"hi"}}]"#,
+                "invalid_type",
+                "messages[0].content",
+            ),
+            (
+                r#"[{"role":"user","content":"a"},{"role":"user","content":["x"]}]"#,
+                "invalid_type",
+                "messages[1].content[0]",
+            ),
+            (
+                r#"[{"role":"user"}]"#,
+                "missing_field",
+                "messages[0].content",
+            ),
+        ];
+        for (messages, code, param) in cases {
+            let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
+            let e = parse_json(JsonRoute::Chat, body.as_bytes()).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{messages}");
+            assert_eq!(
+                (e.code.as_str(), e.param.as_deref()),
+                (code, Some(param)),
+                "{messages}"
+            );
+            assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+        }
+        let ok = r#"{"model":"m","messages":[{"role":"developer","content":"x"},{"role":"assistant","content":null,"tool_calls":[]},{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#;
+        assert!(parse_json(JsonRoute::Chat, ok.as_bytes()).is_ok());
     }
 
     #[test]

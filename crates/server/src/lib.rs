@@ -10,6 +10,7 @@ pub mod error;
 pub mod inspect;
 pub mod multipart;
 pub mod proxy;
+mod request;
 pub mod scrape;
 pub mod telemetry;
 pub mod tokens;
@@ -74,6 +75,9 @@ impl Gateway {
         let client = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_secs(5))
+            // A redirect would turn the POST into a GET at another address; the client gets the
+            // upstream's 3xx as it is instead.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ServeError::Client(e.to_string()))?;
         let telemetry = Arc::new(telemetry::Telemetry::new());
@@ -95,7 +99,12 @@ impl Gateway {
         F: Future<Output = ()> + Send + 'static,
     {
         let state = self.state.clone();
-        let mut background = Vec::new();
+        let mut background = vec![tokio::spawn(
+            state
+                .telemetry
+                .clone()
+                .upkeep_loop(telemetry::UPKEEP_INTERVAL),
+        )];
         let targets: Vec<scrape::ScrapeTarget> = {
             let mut t: Vec<scrape::ScrapeTarget> = Vec::new();
             for lane in &state.config.lanes {

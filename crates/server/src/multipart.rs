@@ -1,6 +1,9 @@
 //! A small `multipart/form-data` reader over a body already held in memory (under the lane's
 //! body cap): finds each part's name, filename and byte range so the gateway can read the model
-//! field and the audio header, then forwards the original bytes untouched.
+//! field and the audio header, then forwards the original bytes untouched. Hand-written because
+//! the gateway needs each part's byte *range* inside the original body (to forward it as is),
+//! which streaming readers such as `multer` do not give; part headers follow RFC 7578 §4.2 and
+//! RFC 2183/6266 parameter syntax (quoted strings may hold `;` and `\"`).
 
 use std::ops::Range;
 
@@ -12,6 +15,9 @@ pub struct Part {
     pub content_type: Option<String>,
     pub data: Range<usize>,
 }
+
+/// Most parts read from one form (OpenAI's audio forms have about ten).
+pub const MAX_PARTS: usize = 256;
 
 /// Why a body is not usable multipart.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -88,19 +94,19 @@ pub fn parse(body: &[u8], boundary: &str) -> Result<Vec<Part>, MultipartError> {
                 return Err(MultipartError::Malformed("part header without a colon"));
             };
             if k.trim().eq_ignore_ascii_case("content-disposition") {
-                for param in v.split(';').skip(1) {
-                    if let Some((pk, pv)) = param.split_once('=') {
-                        let pv = pv.trim().trim_matches('"').to_string();
-                        match pk.trim().to_ascii_lowercase().as_str() {
-                            "name" => name = Some(pv),
-                            "filename" => filename = Some(pv),
-                            _ => {}
-                        }
+                for (pk, pv) in disposition_params(v)? {
+                    match pk.to_ascii_lowercase().as_str() {
+                        "name" => name = Some(pv),
+                        "filename" => filename = Some(pv),
+                        _ => {}
                     }
                 }
             } else if k.trim().eq_ignore_ascii_case("content-type") {
                 content_type = Some(v.trim().to_string());
             }
+        }
+        if parts.len() >= MAX_PARTS {
+            return Err(MultipartError::Malformed("more than 256 parts"));
         }
         let data_start = headers_end + 4;
         let mut closing = b"\r\n".to_vec();
@@ -114,6 +120,57 @@ pub fn parse(body: &[u8], boundary: &str) -> Result<Vec<Part>, MultipartError> {
             data: data_start..data_end,
         });
         at = data_end + 2;
+    }
+}
+
+/// The `key=value` parameters after the disposition type of a Content-Disposition value. Values
+/// are tokens or quoted strings; a quoted string runs to its closing quote whatever it holds
+/// (`;`, `=`, spaces) and `\` escapes the next character.
+fn disposition_params(value: &str) -> Result<Vec<(String, String)>, MultipartError> {
+    let bad = MultipartError::Malformed("Content-Disposition parameters are malformed");
+    let mut out = Vec::new();
+    let mut rest = match value.split_once(';') {
+        Some((_, r)) => r,
+        None => return Ok(out),
+    };
+    loop {
+        rest = rest.trim_start_matches([' ', '\t']);
+        if rest.is_empty() {
+            return Ok(out);
+        }
+        let eq = rest.find('=').ok_or(bad.clone())?;
+        let key = rest[..eq].trim();
+        if key.is_empty() || key.contains([';', '"']) {
+            return Err(bad);
+        }
+        rest = rest[eq + 1..].trim_start_matches([' ', '\t']);
+        let mut val = String::new();
+        if let Some(quoted) = rest.strip_prefix('"') {
+            let mut chars = quoted.char_indices();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => val.push(chars.next().ok_or(bad.clone())?.1),
+                    '"' => {
+                        end = Some(i + 1);
+                        break;
+                    }
+                    c => val.push(c),
+                }
+            }
+            rest = &quoted[end.ok_or(bad.clone())?..];
+            rest = rest.trim_start_matches([' ', '\t']);
+        } else {
+            let end = rest.find(';').unwrap_or(rest.len());
+            val.push_str(rest[..end].trim());
+            rest = &rest[end..];
+        }
+        out.push((key.to_string(), val));
+        match rest.strip_prefix(';') {
+            Some(r) => rest = r,
+            None if rest.is_empty() => return Ok(out),
+            None => return Err(bad),
+        }
     }
 }
 
@@ -143,6 +200,24 @@ mod tests {
             &body[parts[1].data.clone()],
             b"RIFF\r\n--not-the-boundary\0\xff"
         );
+    }
+
+    #[test]
+    fn quoted_parameters_keep_semicolons_quotes_and_spaces() {
+        let body = b"--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a;b \\\"c\\\".wav\"\r\n\r\nRIFF\r\n--B\r\ncontent-disposition: form-data;name=model\r\n\r\nw\r\n--B--\r\n";
+        let parts = parse(body, "B").unwrap();
+        assert_eq!(parts[0].name, "file");
+        assert_eq!(parts[0].filename.as_deref(), Some("a;b \"c\".wav"));
+        assert_eq!(parts[1].name, "model");
+        assert_eq!(&body[parts[1].data.clone()], b"w");
+        // `filename="x;name=evil"` must not rename the part.
+        let sneaky = b"--B\r\nContent-Disposition: form-data; filename=\"x; name=evil\"; name=\"file\"\r\n\r\nz\r\n--B--\r\n";
+        let parts = parse(sneaky, "B").unwrap();
+        assert_eq!(parts[0].name, "file");
+        assert_eq!(parts[0].filename.as_deref(), Some("x; name=evil"));
+        let unterminated =
+            b"--B\r\nContent-Disposition: form-data; name=\"file\r\n\r\nz\r\n--B--\r\n";
+        assert!(parse(unterminated, "B").is_err());
     }
 
     #[test]

@@ -141,6 +141,30 @@ pub struct Passthrough {
     first: bool,
     done: bool,
     preempted: Option<Pin<Box<OwnedNotified>>>,
+    /// The last bytes passed to the client (at most 4), to tell whether an SSE event is open.
+    tail: Vec<u8>,
+}
+
+/// Whether an SSE stream whose last bytes were `tail` stands between two events (nothing sent
+/// yet, or the last event ended with a blank line).
+pub fn at_event_boundary(tail: &[u8]) -> bool {
+    tail.is_empty()
+        || tail.ends_with(b"\n\n")
+        || tail.ends_with(b"\r\r")
+        || tail.ends_with(b"\r\n\r\n")
+        || tail.ends_with(b"\n\r\n")
+}
+
+/// The error event to append to an SSE stream that ends early: on its own, after a blank line
+/// that closes any event the upstream left half-sent, so a client never reads it glued to (and
+/// lost inside) the upstream's last event.
+pub fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
+    let event = error.sse_event();
+    if at_event_boundary(tail) {
+        event
+    } else {
+        format!("\n\n{event}")
+    }
 }
 
 impl Passthrough {
@@ -160,6 +184,7 @@ impl Passthrough {
             first: true,
             done: false,
             preempted: None,
+            tail: Vec::new(),
         }
     }
 
@@ -179,7 +204,8 @@ impl Passthrough {
         self.inner = None;
         self.flight.finish(outcome);
         if self.sse {
-            Poll::Ready(Some(Ok(Bytes::from(error.sse_event()))))
+            let event = closing_error_event(&self.tail, &error);
+            Poll::Ready(Some(Ok(Bytes::from(event))))
         } else {
             Poll::Ready(Some(Err(std::io::Error::other(error.message))))
         }
@@ -214,6 +240,12 @@ impl Stream for Passthrough {
                     this.first = false;
                     this.flight.first_byte();
                 }
+                if this.sse && !chunk.is_empty() {
+                    let keep = chunk.len().min(4);
+                    this.tail.extend_from_slice(&chunk[chunk.len() - keep..]);
+                    let excess = this.tail.len().saturating_sub(4);
+                    this.tail.drain(..excess);
+                }
                 Poll::Ready(Some(Ok(chunk)))
             }
             Poll::Ready(Some(Err(_))) => {
@@ -235,6 +267,63 @@ impl Stream for Passthrough {
     }
 }
 
+/// Whether a failed upstream send proves the request never reached the upstream: the pooled
+/// connection was closed or reset under it before any response byte came back (not a failure to
+/// connect, not a timeout). An engine that closes a keep-alive connection right after a stream
+/// (llama.cpp does) leaves such a connection in the pool; the next request written into it
+/// within microseconds is never read by the engine.
+pub fn never_reached_upstream(e: &reqwest::Error) -> bool {
+    if e.is_connect() || e.is_timeout() || e.status().is_some() {
+        return false;
+    }
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            )
+        {
+            return true;
+        }
+        if s.to_string()
+            .contains("connection closed before message completed")
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Resends made for one request when pooled connections turn out stale (each one is a request
+/// the upstream never saw, so resending cannot run it twice).
+pub const MAX_STALE_RESENDS: usize = 2;
+
+/// Sends `request`; when it meets a stale pooled connection ([`never_reached_upstream`]), sends
+/// it again (its body is in memory, so it can be cloned), at most [`MAX_STALE_RESENDS`] times.
+pub async fn send_resending_stale(
+    request: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, reqwest::Error> {
+    let mut next = request;
+    let mut resends = 0;
+    loop {
+        let again = next.try_clone();
+        match next.send().await {
+            Err(e) if resends < MAX_STALE_RESENDS && never_reached_upstream(&e) => {
+                match again {
+                    Some(a) => next = a,
+                    None => return Err(e),
+                }
+                resends += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Whether a response is an SSE stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
@@ -252,6 +341,18 @@ pub fn header(name: &'static str) -> HeaderName {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn an_error_event_after_a_half_sent_event_is_framed_on_its_own() {
+        let e = ApiError::new(StatusCode::BAD_GATEWAY, "upstream_stream_error", "x");
+        let whole = e.sse_event();
+        assert_eq!(closing_error_event(b"", &e), whole);
+        assert_eq!(closing_error_event(b"}\n\n", &e), whole);
+        assert_eq!(closing_error_event(b"\r\n\r\n", &e), whole);
+        // The upstream stopped inside an event: a blank line closes it first.
+        assert_eq!(closing_error_event(b"choi", &e), format!("\n\n{whole}"));
+        assert_eq!(closing_error_event(b"}\n", &e), format!("\n\n{whole}"));
+    }
 
     #[test]
     fn hop_by_hop_and_gateway_headers_stay_behind() {

@@ -27,36 +27,36 @@ fn metric_max(text: &str, name: &str) -> Option<f64> {
     metric_fold(text, name, f64::max)
 }
 
+/// Whether `line` is a sample of exactly `name` (not of a longer name sharing the prefix).
+fn is_sample_of(line: &str, name: &str) -> bool {
+    line.strip_prefix(name)
+        .and_then(|rest| rest.chars().next())
+        .is_some_and(|c| c == '{' || c == ' ' || c == '\t')
+}
+
+/// The values of `name`'s samples. The exposition format is read by `prom_text_format_parser`
+/// (label values with `}`, `,` or escaped quotes, optional timestamps); each candidate line is
+/// parsed on its own, so one malformed line elsewhere in an engine's output (or a metric the
+/// parser finds inconsistent) does not hide the rest.
+fn metric_values<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = f64> + 'a {
+    text.lines()
+        .map(str::trim)
+        .filter(move |l| is_sample_of(l, name))
+        .flat_map(move |line| {
+            let (metrics, _) = prom_text_format_parser::parse_scrape(line);
+            metrics
+                .into_iter()
+                .filter(|m| m.name == name)
+                .flat_map(|m| m.samples)
+                .filter(|s| s.value.value_type == prom_text_format_parser::ValueType::Sample)
+                .filter_map(|s| s.value.value.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|v| v.is_finite())
+}
+
 fn metric_fold(text: &str, name: &str, fold: fn(f64, f64) -> f64) -> Option<f64> {
-    let mut acc: Option<f64> = None;
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('#') || !line.starts_with(name) {
-            continue;
-        }
-        let rest = &line[name.len()..];
-        let rest = if let Some(r) = rest.strip_prefix('{') {
-            match r.find('}') {
-                Some(i) => &r[i + 1..],
-                None => continue,
-            }
-        } else if rest.starts_with(' ') || rest.starts_with('\t') {
-            rest
-        } else {
-            continue; // a longer name sharing the prefix
-        };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
-        if value.is_finite() {
-            acc = Some(acc.map_or(value, |a| fold(a, value)));
-        }
-    }
-    acc
+    metric_values(text, name).reduce(fold)
 }
 
 /// Engine load from a `/metrics` text.
@@ -140,8 +140,10 @@ async fn scrape_once(
     None
 }
 
-/// Reads every target's metrics every `interval`, forever; failures leave the last reading to
-/// go stale (which the gate treats as saturated unless the lane says fail-open).
+/// Reads every target's metrics every `interval`, forever. Each target runs on its own timer,
+/// concurrently with the others, so one hung replica delays and stales only its own reading;
+/// a failed scrape leaves that replica's last reading to go stale (which the gate treats as
+/// saturated for that replica unless the lane says fail-open).
 pub async fn scrape_loop(
     client: reqwest::Client,
     targets: Vec<ScrapeTarget>,
@@ -149,30 +151,41 @@ pub async fn scrape_loop(
     telemetry: Arc<Telemetry>,
     interval: Duration,
 ) {
+    let loops = targets
+        .iter()
+        .map(|t| scrape_target_loop(&client, t, &gate, &telemetry, interval));
+    futures_util::future::join_all(loops).await;
+}
+
+async fn scrape_target_loop(
+    client: &reqwest::Client,
+    t: &ScrapeTarget,
+    gate: &Gate,
+    telemetry: &Telemetry,
+    interval: Duration,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let labels = [("upstream", t.upstream.as_str())];
     loop {
         tick.tick().await;
-        for t in &targets {
-            if let Some(load) = scrape_once(&client, t, interval).await {
-                let labels = [("upstream", t.upstream.as_str())];
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0.0, |d| d.as_secs_f64());
-                telemetry
-                    .gauge(UPSTREAM_LAST_SCRAPE_TIMESTAMP, &labels)
-                    .set(now);
-                if let Some(kv) = load.kv_cache_usage {
-                    telemetry.gauge(UPSTREAM_KV_CACHE_USAGE, &labels).set(kv);
-                }
-                if let Some(w) = load.waiting {
-                    telemetry.gauge(UPSTREAM_REQUESTS_WAITING, &labels).set(w);
-                }
-                if let Some(r) = load.running {
-                    telemetry.gauge(UPSTREAM_REQUESTS_RUNNING, &labels).set(r);
-                }
-                gate.set_engine_load(&t.upstream, load);
+        if let Some(load) = scrape_once(client, t, interval).await {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            telemetry
+                .gauge(UPSTREAM_LAST_SCRAPE_TIMESTAMP, &labels)
+                .set(now);
+            if let Some(kv) = load.kv_cache_usage {
+                telemetry.gauge(UPSTREAM_KV_CACHE_USAGE, &labels).set(kv);
             }
+            if let Some(w) = load.waiting {
+                telemetry.gauge(UPSTREAM_REQUESTS_WAITING, &labels).set(w);
+            }
+            if let Some(r) = load.running {
+                telemetry.gauge(UPSTREAM_REQUESTS_RUNNING, &labels).set(r);
+            }
+            gate.set_engine_load(&t.upstream, load);
         }
     }
 }
@@ -219,6 +232,25 @@ vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"a\"} 0.42\n";
         let l = parse_engine_metrics(EngineKind::Vllm, old, now).unwrap();
         assert_eq!(l.kv_cache_usage, Some(0.9));
         assert!(parse_engine_metrics(EngineKind::Vllm, "unrelated 1\n", now).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn braces_in_label_values_and_timestamps_are_read_correctly() {
+        let now = Instant::now();
+        // A `}` inside a label value ended the labels early in the old reader, and the
+        // timestamp after the value was taken for a value by readers that split on spaces.
+        let text = "vllm:num_requests_waiting{model_name=\"a}b\",engine=\"0\"} 3 1700000000000\n\
+vllm:num_requests_waiting{model_name=\"say \\\"hi\\\" {x}\"} 2\n\
+vllm:num_requests_running{model_name=\"a}b\"} 5 1700000000000\n\
+vllm:kv_cache_usage_perc{model_name=\"}\"} 0.25 1700000000000\n";
+        let l = parse_engine_metrics(EngineKind::Vllm, text, now).unwrap();
+        assert_eq!(l.waiting, Some(5.0));
+        assert_eq!(l.running, Some(5.0));
+        assert_eq!(l.kv_cache_usage, Some(0.25));
+        // A malformed line elsewhere does not hide the good ones.
+        let mixed = "garbage{{{ 1\nvllm:num_requests_running 4\nvllm:num_requests_running{x=\"unterminated} 9\n";
+        let l = parse_engine_metrics(EngineKind::Vllm, mixed, now).unwrap();
+        assert_eq!(l.running, Some(4.0));
     }
 
     #[tokio::test(start_paused = true)]

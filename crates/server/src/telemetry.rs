@@ -1,5 +1,7 @@
 //! The gateway's own Prometheus metrics: one recorder per gateway (no global state, so several
-//! gateways can share a process), the metric names, and rendering for `/metrics`.
+//! gateways can share a process), the metric names, rendering for `/metrics`, and the upkeep task
+//! that folds recorded histogram samples into their buckets so memory stays bounded whether or not
+//! anyone scrapes.
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -35,6 +37,11 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+/// How often recorded histogram samples are folded into buckets when nobody scrapes. Between two
+/// upkeeps the raw samples wait in a lock-free list (8 bytes each), so this bounds that list to
+/// what one interval's traffic records.
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The gateway's metrics registry.
 pub struct Telemetry {
@@ -98,6 +105,21 @@ impl Telemetry {
     pub fn outcome(&self, lane: &str, outcome: &str) {
         self.counter(REQUESTS_TOTAL, &[("lane", lane), ("outcome", outcome)])
             .increment(1);
+    }
+
+    /// Folds pending histogram samples into their buckets (what a scrape does first).
+    pub fn upkeep(&self) {
+        self.recorder.handle().run_upkeep();
+    }
+
+    /// Runs [`Telemetry::upkeep`] every `interval`, forever (the gateway aborts it on shutdown).
+    pub async fn upkeep_loop(self: std::sync::Arc<Self>, interval: std::time::Duration) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.upkeep();
+        }
     }
 
     /// Sets the lane gauges from the gate's snapshot and renders the text exposition format.

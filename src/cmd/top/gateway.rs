@@ -19,6 +19,8 @@ pub struct Gateway {
     authority: String,
     /// Path prefix without a trailing slash (empty for the root).
     base_path: String,
+    /// Sent as `Authorization: Bearer KEY` (a gateway off loopback requires one).
+    api_key: Option<String>,
 }
 
 impl Gateway {
@@ -53,7 +55,23 @@ impl Gateway {
         Ok(Gateway {
             authority,
             base_path: path.trim_end_matches('/').to_string(),
+            api_key: None,
         })
+    }
+
+    /// Sends `key` with every request. A key with control characters or spaces is refused (it
+    /// could not be a header value, and would let text into the request head).
+    pub fn with_api_key(mut self, key: Option<&str>) -> Result<Self, String> {
+        if let Some(k) = key {
+            if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(
+                    "--api-key must be printable ASCII without spaces (as the gateway's api_keys are)"
+                        .to_string(),
+                );
+            }
+            self.api_key = Some(k.to_string());
+        }
+        Ok(self)
     }
 
     /// The URL of the lanes document, for messages.
@@ -84,8 +102,13 @@ impl Gateway {
             .and_then(|()| stream.set_write_timeout(Some(IO_TIMEOUT)))
             .map_err(|e| e.to_string())?;
         let host = self.authority.as_str();
+        let auth = self
+            .api_key
+            .as_ref()
+            .map(|k| format!("Authorization: Bearer {k}\r\n"))
+            .unwrap_or_default();
         let request = format!(
-            "GET {}{path} HTTP/1.0\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: headroom-top\r\n\r\n",
+            "GET {}{path} HTTP/1.0\r\nHost: {host}\r\nAccept: application/json\r\nUser-Agent: headroom-top\r\n{auth}\r\n",
             self.base_path
         );
         stream
@@ -106,6 +129,14 @@ impl Gateway {
             .and_then(|line| line.split_whitespace().nth(1))
             .and_then(|code| code.parse::<u16>().ok())
             .ok_or_else(|| "reply has no HTTP status".to_string())?;
+        if status == 401 {
+            return Err(if self.api_key.is_some() {
+                "HTTP 401: the gateway refused the API key".to_string()
+            } else {
+                "HTTP 401: the gateway requires an API key (--api-key or HEADROOM_API_KEY)"
+                    .to_string()
+            });
+        }
         if status != 200 {
             return Err(format!("HTTP {status}"));
         }

@@ -1,0 +1,90 @@
+//! Admission: the request's deadline (the lane's timeout or the client's shorter
+//! `x-headroom-timeout-ms`), the wait for a gate permit under it, and the answer to a refusal:
+//! the rule-based fallback where the lane offers it, or the 429/503 that explains the refusal.
+
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use axum::response::Response;
+use headroom_gate::{AdmitRequest, Permit, RejectReason, Rejection};
+use tokio::time::Instant;
+
+use super::{Deadline, Facts, Lane, Route};
+use crate::app::{AppState, TIMEOUT_HEADER, fallback_response};
+use crate::config::FallbackKind;
+use crate::error::ApiError;
+use crate::telemetry::{QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL};
+
+/// The deadline of a request that arrived at `arrival`.
+pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, headers: &HeaderMap) -> Deadline {
+    let mut deadline = Deadline {
+        at: arrival + lane.config.spec.request_timeout,
+        timeout: lane.config.spec.request_timeout,
+    };
+    if let Some(ms) = headers
+        .get(TIMEOUT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        let asked = Duration::from_millis(ms);
+        if asked < deadline.timeout {
+            deadline = Deadline {
+                at: arrival + asked,
+                timeout: asked,
+            };
+        }
+    }
+    deadline
+}
+
+/// Waits for a permit on the lane (at most until the deadline) and records the queue wait.
+pub(super) async fn admit(
+    s: &AppState,
+    lane: Lane<'_>,
+    seen: &Facts,
+    deadline: Deadline,
+) -> Result<Permit, Rejection> {
+    let request = AdmitRequest {
+        audio_seconds: seen.audio_seconds,
+        wait_until: Some(deadline.at),
+    };
+    let permit = s.gate.admit(lane.index, request).await?;
+    s.telemetry
+        .histogram(QUEUE_WAIT_SECONDS, &[("lane", lane.name())])
+        .record(permit.queue_wait().as_secs_f64());
+    Ok(permit)
+}
+
+/// Counts a refusal and answers it: with the fallback where the lane and policy allow, else an error.
+pub(super) fn refused(
+    s: &AppState,
+    lane: Lane<'_>,
+    route: Route,
+    seen: &Facts,
+    rejection: &Rejection,
+) -> Result<Response, ApiError> {
+    let name = lane.name();
+    s.telemetry
+        .counter(
+            REJECTIONS_TOTAL,
+            &[("lane", name), ("reason", rejection.reason.code())],
+        )
+        .increment(1);
+    if rejection.fallback
+        && lane.config.fallback == Some(FallbackKind::RuleBasedCleanup)
+        && route == Route::Chat
+        && let Some(json) = &seen.json
+    {
+        return Ok(fallback_response(s, name, json, seen.stream));
+    }
+    s.telemetry.outcome(name, outcome_of(rejection));
+    Err(ApiError::from_rejection(rejection))
+}
+
+fn outcome_of(r: &Rejection) -> &'static str {
+    match r.reason {
+        RejectReason::QueueTimeout => "queue_timeout",
+        RejectReason::ShuttingDown => "shutting_down",
+        _ => "rejected",
+    }
+}

@@ -1,0 +1,112 @@
+//! The lane's request-shape limits, in order: body size, input tokens (counted with the lane's
+//! tokenizer off the async threads, or estimated), audio length, and output tokens when the lane
+//! rejects rather than lowers an over-large ask.
+
+use axum::http::StatusCode;
+
+use super::body::too_large;
+use super::{Facts, Lane, Route};
+use crate::config::OutputTokensMode;
+use crate::error::ApiError;
+use crate::inspect::CHARS_PER_TOKEN;
+
+/// Applies every limit of `lane` to the request.
+pub(super) async fn check(
+    lane: Lane<'_>,
+    route: Route,
+    seen: &Facts,
+    body_len: usize,
+) -> Result<(), ApiError> {
+    body_size(lane, body_len)?;
+    input_tokens(lane, seen).await?;
+    audio_length(lane, seen)?;
+    output_tokens(lane, route, seen)
+}
+
+fn body_size(lane: Lane<'_>, body_len: usize) -> Result<(), ApiError> {
+    if body_len as u64 > lane.config.max_body_bytes {
+        return Err(too_large(lane.config.max_body_bytes));
+    }
+    Ok(())
+}
+
+async fn input_tokens(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
+    let Some(max) = lane.config.max_input_tokens else {
+        return Ok(());
+    };
+    let estimated = || {
+        (
+            seen.input_tokens,
+            format!("estimated as characters / {CHARS_PER_TOKEN}"),
+        )
+    };
+    let (tokens, how) = match &lane.config.tokenizer {
+        Some(counter) => {
+            let (counter, texts) = (counter.clone(), seen.texts.clone());
+            let counted = tokio::task::spawn_blocking(move || counter.count(&texts))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r);
+            match counted {
+                Ok(n) => (
+                    n + seen.token_ids,
+                    "counted with the lane's tokenizer".to_string(),
+                ),
+                Err(_) => estimated(),
+            }
+        }
+        None => estimated(),
+    };
+    if tokens > max {
+        return Err(ApiError::bad_request(
+            "input_too_long",
+            Some(seen.input_param),
+            format!("input is {tokens} tokens ({how}), over this lane's limit of {max}"),
+        ));
+    }
+    Ok(())
+}
+
+fn audio_length(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
+    let Some(max) = lane.config.max_audio_seconds else {
+        return Ok(());
+    };
+    if !seen.has_audio {
+        return Ok(());
+    }
+    match seen.audio_seconds {
+        Some(secs) if secs > max => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "audio_too_long",
+            format!("audio is {secs:.1} s long, over this lane's limit of {max} s"),
+        )
+        .with_param(Some(seen.audio_param))),
+        Some(_) => Ok(()),
+        None => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "audio_duration_unknown",
+            "this lane limits audio length, and the duration of this container (MP4/M4A/WebM or a header without length) cannot be read; send WAV, FLAC, MP3 or OGG",
+        )
+        .with_param(Some(seen.audio_param))),
+    }
+}
+
+/// In `reject` mode, an ask over the lane's output-token cap is refused (`cap` mode rewrites it).
+fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts) -> Result<(), ApiError> {
+    let (Some(cap), Some(_)) = (lane.config.max_output_tokens, &seen.json) else {
+        return Ok(());
+    };
+    if !matches!(route, Route::Chat | Route::Completions)
+        || lane.config.output_tokens_mode != OutputTokensMode::Reject
+    {
+        return Ok(());
+    }
+    match seen.max_tokens {
+        Some((field, n)) if n > cap => Err(ApiError::bad_request(
+            "max_tokens_too_large",
+            Some(field),
+            format!("`{field}` is {n}, over this lane's limit of {cap}"),
+        )),
+        _ => Ok(()),
+    }
+}

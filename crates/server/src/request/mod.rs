@@ -1,0 +1,116 @@
+//! The proxied request path, one module per step: choose the candidate lanes, read the body,
+//! validate it into [`Facts`], choose the lane, apply the lane's limits, rewrite the body, admit
+//! through the gate, arm preemption, forward upstream, and build the response. [`handle`] is the
+//! outline; the facts read from the request travel between the steps as plain structs.
+
+mod admit;
+mod body;
+mod forward;
+mod lane;
+mod limits;
+mod preempt;
+mod respond;
+mod rewrite;
+mod validate;
+
+use axum::extract::Request;
+use axum::response::Response;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::app::Shared;
+use crate::config::LaneConfig;
+use crate::error::ApiError;
+use crate::inspect::JsonRoute;
+use crate::proxy::Flight;
+
+/// The OpenAI routes the gateway proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    Chat,
+    Completions,
+    Transcriptions,
+    Translations,
+    Speech,
+}
+
+impl Route {
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Transcriptions => "/v1/audio/transcriptions",
+            Route::Translations => "/v1/audio/translations",
+            Route::Speech => "/v1/audio/speech",
+        }
+    }
+
+    fn json(self) -> Option<JsonRoute> {
+        match self {
+            Route::Chat => Some(JsonRoute::Chat),
+            Route::Completions => Some(JsonRoute::Completions),
+            Route::Speech => Some(JsonRoute::Speech),
+            Route::Transcriptions | Route::Translations => None,
+        }
+    }
+}
+
+/// What the gateway read from a request body before choosing a lane.
+struct Facts {
+    model: Option<String>,
+    stream: bool,
+    has_audio: bool,
+    audio_seconds: Option<f64>,
+    input_tokens: u64,
+    texts: Vec<String>,
+    token_ids: u64,
+    max_tokens: Option<(&'static str, u64)>,
+    json: Option<Value>,
+    audio_param: &'static str,
+    input_param: &'static str,
+}
+
+/// The lane chosen for a request.
+#[derive(Clone, Copy)]
+struct Lane<'a> {
+    index: usize,
+    config: &'a LaneConfig,
+}
+
+impl<'a> Lane<'a> {
+    fn name(&self) -> &'a str {
+        self.config.spec.name.as_str()
+    }
+}
+
+/// When the request must be done: the lane's timeout, or the client's shorter one.
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    timeout: std::time::Duration,
+}
+
+/// Serves one proxied request, step by step.
+pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiError> {
+    let arrival = Instant::now();
+    let (parts, body) = req.into_parts();
+    let targets = lane::candidates(&s.config, route, &parts.headers)?;
+    let bytes = body::read(body, &parts.headers, &targets).await?;
+    let facts = validate::inspect(route, &parts.headers, &bytes)?;
+    let lane = lane::choose(&targets, route, &facts)?;
+    limits::check(lane, route, &facts, bytes.len()).await?;
+    let forward_body = rewrite::output_tokens(lane, route, &facts, bytes);
+    let deadline = admit::deadline(arrival, lane, &parts.headers);
+    let permit = match admit::admit(&s, lane, &facts, deadline).await {
+        Ok(permit) => permit,
+        Err(rejection) => return admit::refused(&s, lane, route, &facts, &rejection),
+    };
+    let mut preempted = preempt::arm(&permit);
+    let queue_wait = permit.queue_wait();
+    let url = forward::url(permit.upstream(), route, &parts.uri);
+    let mut flight = Flight::new(s.telemetry.clone(), lane.name(), arrival, permit);
+    let send = forward::send(&s, lane, &parts.headers, url, forward_body);
+    let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
+    let response = forward::received(sent, &mut flight)?;
+    respond::respond(lane, response, flight, deadline, queue_wait, preempted).await
+}

@@ -1,0 +1,64 @@
+//! The response: an upstream 4xx/5xx rewritten into OpenAI's error shape (reading a bounded part
+//! of its body), or the upstream's status and headers with the gateway's own added and the body
+//! passed through chunk by chunk under the deadline and preemption.
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use tokio::time::Instant;
+
+use super::preempt::Waiter;
+use super::{Deadline, Lane};
+use crate::error::{ApiError, from_upstream};
+use crate::proxy::{
+    Flight, Passthrough, client_response_headers, header as hname, is_event_stream,
+};
+
+/// Largest upstream error body read to rewrite it into OpenAI's shape.
+const MAX_UPSTREAM_ERROR_BYTES: usize = 64 * 1024;
+
+/// Builds the client's response from the upstream's.
+pub(super) async fn respond(
+    lane: Lane<'_>,
+    response: reqwest::Response,
+    mut flight: Flight,
+    deadline: Deadline,
+    queue_wait: std::time::Duration,
+    preempted: Option<Waiter>,
+) -> Result<Response, ApiError> {
+    let status =
+        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    if status.is_client_error() || status.is_server_error() {
+        let body = read_limited(response, deadline.at).await;
+        flight.finish("upstream_error");
+        return Err(from_upstream(status, &body));
+    }
+    let mut out_headers = client_response_headers(response.headers());
+    let sse = is_event_stream(response.headers());
+    out_headers.insert(
+        hname("x-headroom-lane"),
+        HeaderValue::from_str(lane.name()).unwrap_or(HeaderValue::from_static("?")),
+    );
+    out_headers.insert(
+        hname("x-headroom-queue-wait-ms"),
+        HeaderValue::from(queue_wait.as_millis() as u64),
+    );
+    let body = Passthrough::new(response, flight, deadline.at, deadline.timeout, sse)
+        .preemptible(preempted);
+    let mut resp = Response::new(Body::from_stream(body));
+    *resp.status_mut() = status;
+    *resp.headers_mut() = out_headers;
+    Ok(resp)
+}
+
+async fn read_limited(mut response: reqwest::Response, deadline: Instant) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < MAX_UPSTREAM_ERROR_BYTES {
+        match tokio::time::timeout_at(deadline, response.chunk()).await {
+            Ok(Ok(Some(c))) => out.extend_from_slice(&c),
+            _ => break,
+        }
+    }
+    out.truncate(MAX_UPSTREAM_ERROR_BYTES);
+    out
+}

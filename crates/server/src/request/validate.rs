@@ -1,0 +1,120 @@
+//! Validation: the body, by content type, into the [`Facts`] the later steps need: JSON routes
+//! through the inspector, audio uploads through the multipart reader and the audio duration probe.
+
+use axum::http::{HeaderMap, StatusCode, header};
+
+use super::{Facts, Route};
+use crate::error::ApiError;
+use crate::inspect::{audio_seconds, parse_json};
+use crate::multipart;
+
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Reads the request's facts, or the 4xx that explains why the body is not acceptable.
+pub(super) fn inspect(route: Route, headers: &HeaderMap, body: &[u8]) -> Result<Facts, ApiError> {
+    let ctype = content_type(headers);
+    match route.json() {
+        Some(json_route) => inspect_json(route, json_route, &ctype, body),
+        None => inspect_upload(route, &ctype, body),
+    }
+}
+
+fn inspect_json(
+    route: Route,
+    json_route: crate::inspect::JsonRoute,
+    ctype: &str,
+    body: &[u8],
+) -> Result<Facts, ApiError> {
+    let mime = ctype.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("{} takes application/json, not `{mime}`", route.path()),
+        ));
+    }
+    let r = parse_json(json_route, body)?;
+    let input_param = match route {
+        Route::Chat => "messages",
+        Route::Completions => "prompt",
+        _ => "input",
+    };
+    Ok(Facts {
+        model: Some(r.model),
+        stream: r.stream,
+        has_audio: r.has_audio,
+        audio_seconds: r.audio_seconds,
+        input_tokens: r.input_tokens_estimate,
+        texts: r.texts,
+        token_ids: r.token_ids,
+        max_tokens: r.max_tokens,
+        json: Some(r.value),
+        audio_param: "messages",
+        input_param,
+    })
+}
+
+fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts, ApiError> {
+    let boundary = match multipart::boundary(ctype) {
+        None => {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("{} takes multipart/form-data", route.path()),
+            ));
+        }
+        Some(Err(e)) => {
+            return Err(ApiError::bad_request(
+                "invalid_multipart",
+                None,
+                e.to_string(),
+            ));
+        }
+        Some(Ok(b)) => b,
+    };
+    let parts = multipart::parse(body, &boundary)
+        .map_err(|e| ApiError::bad_request("invalid_multipart", None, e.to_string()))?;
+    let field = |name: &str| {
+        parts
+            .iter()
+            .find(|p| p.name == name && p.filename.is_none())
+            .map(|p| {
+                String::from_utf8_lossy(&body[p.data.clone()])
+                    .trim()
+                    .to_string()
+            })
+    };
+    let file = parts.iter().find(|p| p.name == "file").ok_or_else(|| {
+        ApiError::bad_request("missing_file", Some("file"), "the form has no `file` part")
+    })?;
+    let data = &body[file.data.clone()];
+    if data.is_empty() {
+        return Err(ApiError::bad_request(
+            "missing_file",
+            Some("file"),
+            "the `file` part is empty",
+        ));
+    }
+    let seconds = audio_seconds(data, "file")?;
+    Ok(Facts {
+        model: field("model")
+            .or_else(|| field("model_name"))
+            .filter(|m| !m.is_empty()),
+        stream: field("stream").is_some_and(|s| s == "true"),
+        has_audio: true,
+        audio_seconds: seconds,
+        input_tokens: 0,
+        texts: Vec::new(),
+        token_ids: 0,
+        max_tokens: None,
+        json: None,
+        audio_param: "file",
+        input_param: "prompt",
+    })
+}
