@@ -3,6 +3,7 @@
 
 mod bench;
 mod doctor;
+mod doctor_live;
 mod plan;
 mod serve;
 mod serve_upstream;

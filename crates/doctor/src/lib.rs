@@ -5,6 +5,7 @@
 
 mod facts;
 pub mod finding;
+pub mod live;
 mod parse;
 pub mod reader;
 mod rules;

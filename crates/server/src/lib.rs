@@ -76,6 +76,7 @@ impl Gateway {
             .build()
             .map_err(|e| ServeError::Client(e.to_string()))?;
         let telemetry = Arc::new(telemetry::Telemetry::new());
+        telemetry.describe_lanes(&config.lane_specs());
         Ok(Gateway {
             state: Arc::new(app::AppState::new(config, gate, client, telemetry)),
             probe,

@@ -20,6 +20,15 @@ pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
 pub const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
 pub const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
 pub const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
+/// Lane settings, published once at start so `headroom doctor --metrics` can judge the figures
+/// against them: `max_inflight`, `max_queue`, `queue_timeout` (seconds), `policy` (label, value
+/// 1), `yield_to` (one series per lane yielded to, value 1) and `preempt` (0/1).
+pub const LANE_MAX_INFLIGHT: &str = "headroom_lane_max_inflight";
+pub const LANE_MAX_QUEUE: &str = "headroom_lane_max_queue";
+pub const LANE_QUEUE_TIMEOUT_SECONDS: &str = "headroom_lane_queue_timeout_seconds";
+pub const LANE_POLICY: &str = "headroom_lane_policy";
+pub const LANE_YIELDS_TO: &str = "headroom_lane_yields_to";
+pub const LANE_PREEMPT: &str = "headroom_lane_preempt";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -69,6 +78,29 @@ impl Telemetry {
     pub fn histogram(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Histogram {
         self.recorder
             .register_histogram(&key(name, labels), &METADATA)
+    }
+
+    /// Publishes each lane's settings as gauges (see [`LANE_MAX_INFLIGHT`]).
+    pub fn describe_lanes(&self, lanes: &[headroom_gate::LaneSpec]) {
+        for l in lanes {
+            let lane = [("lane", l.name.as_str())];
+            self.gauge(LANE_MAX_INFLIGHT, &lane)
+                .set(l.max_inflight as f64);
+            self.gauge(LANE_MAX_QUEUE, &lane).set(l.max_queue as f64);
+            self.gauge(LANE_QUEUE_TIMEOUT_SECONDS, &lane)
+                .set(l.queue_timeout.as_secs_f64());
+            self.gauge(
+                LANE_POLICY,
+                &[("lane", l.name.as_str()), ("policy", l.policy.as_str())],
+            )
+            .set(1.0);
+            for to in &l.yield_to {
+                self.gauge(LANE_YIELDS_TO, &[("lane", l.name.as_str()), ("to", to)])
+                    .set(1.0);
+            }
+            self.gauge(LANE_PREEMPT, &lane)
+                .set(if l.preempt { 1.0 } else { 0.0 });
+        }
     }
 
     /// Counts one finished request by outcome.
