@@ -20,7 +20,18 @@ pub enum Format {
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
     /// Log file to read, or `-` for standard input.
-    pub log: PathBuf,
+    #[arg(required_unless_present = "metrics")]
+    pub log: Option<PathBuf>,
+    /// Live diagnosis instead of a log: a headroom gateway's, vLLM's or llama.cpp's /metrics
+    /// address, read twice `--interval` apart (repeat for several servers).
+    #[arg(long = "metrics", value_name = "URL", conflicts_with = "log")]
+    pub metrics: Vec<String>,
+    /// With --metrics: time between the two readings.
+    #[arg(long, default_value = "10s", value_parser = super::doctor_live::parse_interval, requires = "metrics")]
+    pub interval: std::time::Duration,
+    /// With --metrics: Bearer key for servers that require one.
+    #[arg(long, env = "HEADROOM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
@@ -41,16 +52,28 @@ pub struct DoctorArgs {
 }
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    let diagnosis = if args.log.as_os_str() == "-" {
+    if !args.metrics.is_empty() {
+        return super::doctor_live::run(
+            &args.metrics,
+            args.interval,
+            args.api_key.as_deref(),
+            args.format == Format::Json,
+        );
+    }
+    let Some(log) = args.log.clone() else {
+        anyhow::bail!("give a log file (or `-`), or --metrics URL");
+    };
+    let log_path = log;
+    let diagnosis = if log_path.as_os_str() == "-" {
         headroom_doctor::diagnose(io::stdin().lock()).context("reading standard input")?
     } else {
         let file =
-            File::open(&args.log).with_context(|| format!("cannot open {}", args.log.display()))?;
+            File::open(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
-            anyhow::bail!("{} is a directory, not a log file", args.log.display());
+            anyhow::bail!("{} is a directory, not a log file", log_path.display());
         }
         headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file))
-            .with_context(|| format!("reading {}", args.log.display()))?
+            .with_context(|| format!("reading {}", log_path.display()))?
     };
     let comparison = match (&args.compare_plan, &args.model) {
         (Some(path), _) => Some(plan_comparison(&diagnosis, &read_plan(path)?)?),
@@ -63,7 +86,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let text = match args.format {
         Format::Json => json(&diagnosis, comparison.as_deref())?,
         Format::Table => {
-            let mut t = table(&diagnosis, &args.log.display().to_string());
+            let mut t = table(&diagnosis, &log_path.display().to_string());
             if let Some(rows) = &comparison {
                 t.push_str(&comparison_table(rows));
             }

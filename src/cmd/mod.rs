@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod doctor;
+pub mod doctor_live;
 pub mod plan;
 pub mod serve;
 pub mod soak;
@@ -26,7 +27,7 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
     Top(top::TopArgs),
-    /// Read an engine log, name the memory limit that was crossed and compute the fix.
+    /// Read an engine log (or live /metrics with --metrics), name what is wrong and compute the fix.
     Doctor(doctor::DoctorArgs),
 }
 

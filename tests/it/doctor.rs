@@ -93,6 +93,14 @@ fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
             got["gpu_name"]
         ));
     }
+    if let Some(platform) = expected.get("platform")
+        && &got["platform"] != platform
+    {
+        problems.push(format!(
+            "{name}: platform {}, expected {platform}",
+            got["platform"]
+        ));
+    }
     if let Some(startup) = expected.get("startup").and_then(Value::as_object) {
         for (k, v) in startup {
             let want = v.as_f64().unwrap();

@@ -4,6 +4,7 @@
 mod bench;
 mod deploy;
 mod doctor;
+mod doctor_live;
 mod plan;
 mod serve;
 mod serve_upstream;

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::serve_upstream::{self, Upstream};
 
 /// The gateway tests measure latency, so they run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn gateway(toml: &str) -> Running {
     let config = ServeConfig::from_toml(toml).expect("test config is valid");

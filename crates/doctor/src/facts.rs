@@ -209,6 +209,14 @@ pub struct Facts {
     // CTranslate2 / faster-whisper
     pub ct2_oom: Option<Seen<Option<Phase>>>,
 
+    // Families added with the v2 rules (negative KV budget, TGI warm-up, nvidia-smi tables)
+    pub batch: BatchConfig,
+    pub tgi_warmup: Option<Seen<()>>,
+    pub tgi_config: TgiConfig,
+    pub smi: SmiTable,
+    /// ROCm/HIP wording seen (the fixes name HIP's allocator variable and tools).
+    pub rocm: bool,
+
     // Not memory at all
     pub non_memory: Option<Seen<&'static str>>,
     pub unrecognised: Vec<(u64, String)>,
@@ -269,4 +277,33 @@ pub struct Knobs {
     pub budget: &'static str,
     pub batch: &'static str,
     pub parallel: &'static str,
+}
+
+/// vLLM scheduler settings a start-up log shows (read by the negative-KV rule).
+#[derive(Debug, Clone, Default)]
+pub struct BatchConfig {
+    pub max_num_batched_tokens: Option<u64>,
+    pub max_num_seqs: Option<u64>,
+    /// The profile run is an encoder-decoder / multimodal one (Whisper and friends).
+    pub encoder_profile: bool,
+    pub chunked_prefill: Option<bool>,
+}
+
+/// TGI launcher limits a log shows (`max_batch_prefill_tokens: Some(4096)`, `--max-total-tokens`).
+#[derive(Debug, Clone, Default)]
+pub struct TgiConfig {
+    pub max_batch_prefill_tokens: Option<u64>,
+    pub max_input_tokens: Option<u64>,
+    pub max_total_tokens: Option<u64>,
+    pub max_batch_total_tokens: Option<u64>,
+}
+
+/// A pasted `nvidia-smi` table: per-GPU memory rows and the process list.
+#[derive(Debug, Clone, Default)]
+pub struct SmiTable {
+    /// (used GiB, total GiB) per GPU row, in order.
+    pub gpus: Vec<(f64, f64)>,
+    /// (gpu, pid, name, GiB) per process row.
+    pub processes: Vec<(u64, u64, String, f64)>,
+    pub lines: Vec<u64>,
 }

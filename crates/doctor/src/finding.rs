@@ -167,6 +167,10 @@ pub struct Diagnosis {
     pub truncated_lines: u64,
     pub engine: Option<Engine>,
     pub gpu_name: Option<String>,
+    /// `rocm` when the log carries ROCm/HIP wording (the fixes then name HIP's variables and
+    /// tools), else absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform: Option<&'static str>,
     /// vLLM's memory figures, when the log has them.
     pub startup: Option<StartupReport>,
     /// Error-looking lines no rule understood (bounded), shown when nothing was recognised.
@@ -182,6 +186,7 @@ impl Diagnosis {
             truncated_lines: 0,
             engine: None,
             gpu_name: None,
+            platform: None,
             startup: None,
             unrecognised_lines: Vec::new(),
         }

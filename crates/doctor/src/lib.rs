@@ -5,6 +5,7 @@
 
 mod facts;
 pub mod finding;
+pub mod live;
 mod parse;
 pub mod reader;
 mod rules;
@@ -55,6 +56,7 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
         truncated_lines: reader.truncated_lines(),
         engine: facts.engine,
         gpu_name: facts.gpu_name.take(),
+        platform: facts.rocm.then_some("rocm"),
         startup,
         unrecognised_lines: unrecognised,
     })
@@ -70,7 +72,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const FIXTURES: [&str; 8] = [
+    const FIXTURES: [&str; 14] = [
         include_str!("../../../tests/data/logs/vllm-v1-startup-free-below-util.log"),
         include_str!("../../../tests/data/logs/vllm-v0-profile-29k-kv-too-small.log"),
         include_str!("../../../tests/data/logs/vllm-v0-oom-echo-cuda-graph-pool.log"),
@@ -79,6 +81,12 @@ mod tests {
         include_str!("../../../tests/data/logs/ollama-offload-partial.log"),
         include_str!("../../../tests/data/logs/llamacpp-python-pipeline-parallel-device4.log"),
         include_str!("../../../tests/data/logs/vllm-v1-ok-cudagraph-estimate.log"),
+        include_str!("../../../tests/data/logs/vllm-v0-negative-kv-qwen7b-8gb.log"),
+        include_str!("../../../tests/data/logs/tgi-method-warmup-prefill-1024-llama70b.log"),
+        include_str!("../../../tests/data/logs/torch-rocm-hip-oom-strix-halo.log"),
+        include_str!("../../../tests/data/logs/not-memory-shm-bus-error-pipedream.log"),
+        include_str!("../../../tests/data/logs/nvidia-smi-other-consumers-frigate.log"),
+        include_str!("../../../tests/data/logs/vllm-v1-cudagraph-capture-oom.log"),
     ];
 
     /// Properties every diagnosis must have, whatever the input.
@@ -125,6 +133,9 @@ mod tests {
                     "(Tried to allocate|total capacity of|of which|is free|GiB|MiB|\\(|\\)|;|[0-9.,]{1,8}| ){0,40}",
                     "(Free memory on device|max seq len|KV cache|GiB|\\(|\\)|/|,|[0-9.]{1,6}| ){0,30}",
                     "(msg=|layers.offload=|memory.available=|\"|\\[|\\]|GiB|B|[0-9.]{1,5}| ){0,30}",
+                    "(\\||MiB|/|N/A|C|G|python3|[0-9]{1,6}| ){0,30}",
+                    "(model weights take|non_torch_memory takes|activation peak memory takes|KV Cache is|-|GiB|;|[0-9.]{1,6}| ){0,30}",
+                    "(Method Warmup encountered an error|max_batch_prefill_tokens: |Some\\(|HIP out of memory|shared memory \\(shm\\)|[0-9]{1,6}| ){0,20}",
                 ],
                 0..40,
             )

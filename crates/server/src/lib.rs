@@ -81,7 +81,8 @@ impl Gateway {
             .build()
             .map_err(|e| ServeError::Client(e.to_string()))?;
         let telemetry = Arc::new(telemetry::Telemetry::new());
-        telemetry.describe_lanes(&config.lanes);
+        telemetry.describe_lanes(&config.lane_specs());
+        telemetry.describe_lane_kinds(&config.lanes);
         Ok(Gateway {
             state: Arc::new(app::AppState::new(config, gate, client, telemetry)),
             probe,

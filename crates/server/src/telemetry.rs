@@ -27,9 +27,15 @@ pub const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running"
 pub const UPSTREAM_LAST_SCRAPE_TIMESTAMP: &str = "headroom_upstream_last_scrape_timestamp_seconds";
 /// 1 per lane, with its `kind` (`audio` or `text`), for dashboards and alert rules to join on.
 pub const LANE_INFO: &str = "headroom_lane_info";
+/// Lane settings, published once at start so `headroom doctor --metrics` can judge the figures
+/// against them: `max_inflight`, `max_queue`, `queue_timeout` (seconds), `policy` (label, value
+/// 1), `yield_to` (one series per lane yielded to, value 1) and `preempt` (0/1).
 pub const LANE_MAX_INFLIGHT: &str = "headroom_lane_max_inflight";
 pub const LANE_MAX_QUEUE: &str = "headroom_lane_max_queue";
 pub const LANE_QUEUE_TIMEOUT_SECONDS: &str = "headroom_lane_queue_timeout_seconds";
+pub const LANE_POLICY: &str = "headroom_lane_policy";
+pub const LANE_YIELDS_TO: &str = "headroom_lane_yields_to";
+pub const LANE_PREEMPT: &str = "headroom_lane_preempt";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -86,18 +92,38 @@ impl Telemetry {
             .register_histogram(&key(name, labels), &METADATA)
     }
 
-    /// Publishes each lane's configured limits once (they do not change while serving).
-    pub fn describe_lanes(&self, lanes: &[crate::config::LaneConfig]) {
+    /// Publishes each lane's kind (`headroom_lane_info{lane, kind}` = 1) for joins in dashboards
+    /// and alert rules.
+    pub fn describe_lane_kinds(&self, lanes: &[crate::config::LaneConfig]) {
         for lane in lanes {
-            let name = lane.spec.name.as_str();
-            self.gauge(LANE_INFO, &[("lane", name), ("kind", lane.kind())])
-                .set(1.0);
-            self.gauge(LANE_MAX_INFLIGHT, &[("lane", name)])
-                .set(lane.spec.max_inflight as f64);
-            self.gauge(LANE_MAX_QUEUE, &[("lane", name)])
-                .set(lane.spec.max_queue as f64);
-            self.gauge(LANE_QUEUE_TIMEOUT_SECONDS, &[("lane", name)])
-                .set(lane.spec.queue_timeout.as_secs_f64());
+            self.gauge(
+                LANE_INFO,
+                &[("lane", lane.spec.name.as_str()), ("kind", lane.kind())],
+            )
+            .set(1.0);
+        }
+    }
+
+    /// Publishes each lane's settings as gauges (see [`LANE_MAX_INFLIGHT`]).
+    pub fn describe_lanes(&self, lanes: &[headroom_gate::LaneSpec]) {
+        for l in lanes {
+            let lane = [("lane", l.name.as_str())];
+            self.gauge(LANE_MAX_INFLIGHT, &lane)
+                .set(l.max_inflight as f64);
+            self.gauge(LANE_MAX_QUEUE, &lane).set(l.max_queue as f64);
+            self.gauge(LANE_QUEUE_TIMEOUT_SECONDS, &lane)
+                .set(l.queue_timeout.as_secs_f64());
+            self.gauge(
+                LANE_POLICY,
+                &[("lane", l.name.as_str()), ("policy", l.policy.as_str())],
+            )
+            .set(1.0);
+            for to in &l.yield_to {
+                self.gauge(LANE_YIELDS_TO, &[("lane", l.name.as_str()), ("to", to)])
+                    .set(1.0);
+            }
+            self.gauge(LANE_PREEMPT, &lane)
+                .set(if l.preempt { 1.0 } else { 0.0 });
         }
     }
 

@@ -55,6 +55,8 @@ pub const GPU: u16 = 1 << 10;
 pub const RANK: u16 = 1 << 11;
 /// Configured limits and the model name.
 pub const CONFIG: u16 = 1 << 12;
+/// The v2 families: negative KV budget, TGI warm-up wrapper and limits, ROCm wording.
+pub const EXTRA: u16 = 1 << 13;
 
 /// Every substring some rule needs before it can match (a necessary condition, not sufficient).
 const RULE_KEYWORDS: &[(&str, u16)] = &[
@@ -164,7 +166,7 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("profile_run", PHASE),
     ("determine_available_memory", PHASE),
     ("determine_num_available_blocks", PHASE),
-    ("Unable to warmup model", PHASE),
+    ("Unable to warmup model", PHASE | EXTRA),
     ("in warmup", PHASE),
     ("initialize_kv_cache", PHASE),
     ("_allocate_kv_cache", PHASE),
@@ -179,6 +181,33 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("generate_with_fallback", PHASE),
     ("in generate_token", PHASE),
     ("in __init__", PHASE),
+    // v2 families
+    ("max_num_batched_tokens=", EXTRA),
+    ("--max-num-batched-tokens", EXTRA),
+    ("max_num_seqs=", EXTRA),
+    ("--max-num-seqs", EXTRA),
+    ("chunked_prefill", EXTRA),
+    ("enc_dec_model_runner", EXTRA),
+    ("profile run for multi-modal", EXTRA),
+    ("Method Warmup", EXTRA),
+    ("max_batch_prefill_tokens", EXTRA),
+    ("--max-batch-prefill-tokens", EXTRA),
+    ("max_input_tokens: ", EXTRA),
+    ("max_input_length: ", EXTRA),
+    ("--max-input-tokens", EXTRA),
+    ("--max-input-length", EXTRA),
+    ("max_total_tokens: ", EXTRA),
+    ("--max-total-tokens", EXTRA),
+    ("max_batch_total_tokens", EXTRA),
+    ("--max-batch-total-tokens", EXTRA),
+    ("Setting max batch total tokens", EXTRA),
+    ("ROCm", EXTRA),
+    ("HIP out of memory", EXTRA),
+    ("HIP error", EXTRA),
+    ("hipErrorOutOfMemory", EXTRA),
+    ("PYTORCH_HIP_ALLOC_CONF", EXTRA),
+    ("insufficient shared memory", NOT_MEMORY),
+    ("out of shared memory", NOT_MEMORY),
     // error-looking lines kept for the "nothing recognised" report
     ("Error", ERROR),
     ("ERROR", ERROR),
@@ -270,7 +299,7 @@ pub fn scan(line: &str) -> Hits {
         return hits;
     }
     if line.starts_with('|') {
-        hits.groups |= GPU;
+        hits.groups |= GPU | EXTRA;
     }
     for m in g.automaton.find_iter(line) {
         let id = m.pattern().as_usize();
@@ -302,6 +331,9 @@ mod tests {
         assert_eq!(h.groups, TORCH | ERROR);
         assert!(h.engines[engine_slot(Engine::Vllm)]);
         assert!(h.engines[engine_slot(Engine::PyTorch)]);
-        assert_eq!(scan("|   0  NVIDIA H100 80GB HBM3   On |").groups, GPU);
+        assert_eq!(
+            scan("|   0  NVIDIA H100 80GB HBM3   On |").groups,
+            GPU | EXTRA
+        );
     }
 }

@@ -7,9 +7,13 @@ mod context;
 mod ct2;
 mod gate;
 mod llamacpp;
+mod negative_kv;
 mod not_memory;
+mod nvidia_smi;
 mod ollama;
+mod rocm;
 mod tgi;
+mod tgi_warmup;
 mod torch;
 mod vllm;
 
@@ -58,6 +62,11 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     if g & gate::NOT_MEMORY != 0 {
         matched |= not_memory::scan(facts, line_no, line);
     }
+    if g & gate::EXTRA != 0 {
+        matched |= extra_families(facts, line_no, line, phase_here);
+    } else if g & gate::LLAMA != 0 {
+        matched |= rocm::scan(facts, line_no, line, phase_here);
+    }
     if !matched
         && g & gate::ERROR != 0
         && facts.unrecognised.len() < MAX_UNRECOGNISED
@@ -67,6 +76,22 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
             .unrecognised
             .push((line_no, line.chars().take(300).collect()));
     }
+}
+
+/// The v2 families' line readers (each checks its own markers).
+fn extra_families(
+    facts: &mut Facts,
+    line_no: u64,
+    line: &str,
+    phase_here: Option<crate::facts::Phase>,
+) -> bool {
+    let mut matched = negative_kv::scan(facts, line);
+    matched |= tgi_warmup::scan(facts, line_no, line);
+    matched |= rocm::scan(facts, line_no, line, phase_here);
+    if line.starts_with('|') {
+        matched |= nvidia_smi::scan(facts, line_no, line);
+    }
+    matched
 }
 
 fn looks_like_error(line: &str) -> bool {
@@ -87,6 +112,10 @@ pub fn conclude(facts: &mut Facts) -> Vec<Finding> {
     llamacpp::conclude(facts, &mut findings);
     ollama::conclude(facts, &mut findings);
     ct2::conclude(facts, &mut findings);
+    negative_kv::conclude(facts, &mut findings);
+    tgi_warmup::conclude(facts, &mut findings);
+    nvidia_smi::conclude(facts, &mut findings);
+    rocm::adjust(facts, &mut findings);
     let memory_found = findings.iter().any(|f| f.cause != Cause::NotOutOfMemory);
     if !memory_found {
         not_memory::conclude(facts, &mut findings);

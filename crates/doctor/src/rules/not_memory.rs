@@ -1,11 +1,12 @@
 //! Failures that are not about memory at all (no GPU visible, driver too old, no kernels for this
-//! GPU, illegal memory access, NCCL errors), so the doctor can say "not an out-of-memory problem"
+//! GPU, illegal memory access, NCCL errors, host shared memory (/dev/shm) too small for worker
+//! processes), so the doctor can say "not an out-of-memory problem"
 //! instead of guessing.
 
 use crate::facts::{Facts, record};
 use crate::finding::{Cause, Finding};
 
-const PATTERNS: [(&str, &str); 8] = [
+const PATTERNS: [(&str, &str); 10] = [
     (
         "no kernel image is available for execution on the device",
         "the installed build has no kernels for this GPU's compute capability: install a build for this architecture",
@@ -34,6 +35,16 @@ const PATTERNS: [(&str, &str); 8] = [
     (
         "Address already in use",
         "the port is already taken by another server",
+    ),
+    (
+        "insufficient shared memory (shm)",
+        "worker processes ran out of host shared memory (/dev/shm), not GPU memory: give the container more \
+         (`docker run --shm-size=8g` or `--ipc=host`; Kubernetes: an `emptyDir` with `medium: Memory` mounted at /dev/shm), or use fewer worker processes",
+    ),
+    (
+        "out of shared memory",
+        "worker processes ran out of host shared memory (/dev/shm), not GPU memory: give the container more \
+         (`docker run --shm-size=8g` or `--ipc=host`), or use fewer worker processes",
     ),
 ];
 

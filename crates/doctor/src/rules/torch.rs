@@ -275,9 +275,14 @@ fn torch_findings(
             );
         }
         Some(Phase::GraphCapture) => {
+            let multi_gpu = oom.device.is_some_and(|d| d > 0)
+                || oom.worker_rank.is_some_and(|r| r > 0)
+                || facts.max_worker_rank > 0
+                || facts.tp.is_some_and(|t| t > 1);
             out.push(base(Cause::CudaGraphCapture, 0.9, oom, &acc, lines).fix(format!(
-                "{need_line} {}: the graph pool lives outside the KV budget in older vLLM; {budget_fix}, capture fewer sizes (`--max-num-seqs`), or `--enforce-eager`",
-                Phase::GraphCapture.describe()
+                "{need_line} {}: the graph pool lives outside the KV budget in older vLLM; {budget_fix}, capture fewer sizes (`--max-num-seqs`), or `--enforce-eager`{}",
+                Phase::GraphCapture.describe(),
+                if multi_gpu { super::vllm::multi_gpu_capture_note(facts) } else { String::new() }
             )));
         }
         Some(Phase::LoadWeights) => {
@@ -403,7 +408,9 @@ fn torch_findings(
     }
 
     let rank = oom.worker_rank.filter(|r| *r > 0);
-    if oom.device.is_some_and(|d| d > 0) || rank.is_some() {
+    if (oom.device.is_some_and(|d| d > 0) || rank.is_some())
+        && oom.phase != Some(Phase::GraphCapture)
+    {
         let who = match (rank, oom.device) {
             (Some(r), Some(d)) => format!("worker rank {r} on GPU {d}"),
             (Some(r), None) => format!("worker rank {r}"),

@@ -761,23 +761,37 @@ fn graph_finding(facts: &Facts, out: &mut Vec<Finding>) {
             }
         ),
     };
+    let multi_gpu = facts.max_worker_rank > 0 || facts.tp.is_some_and(|t| t > 1);
+    let mut fix = fix;
+    if multi_gpu {
+        // A capture OOM on one rank of a multi-GPU run is still the graph pool, not a per-worker
+        // limit: every rank captures the same graphs within the same per-GPU budget.
+        fix.push_str(&multi_gpu_capture_note(facts));
+    }
     out.push(
         Finding::new(Cause::CudaGraphCapture, 0.97)
             .num("cuda_graph_gib", graph)
             .num("total_gib", total)
             .num("requested_utilization", util)
             .num("utilization_that_fits", new_util)
+            .count("worker_rank", multi_gpu.then_some(facts.max_worker_rank))
+            .count("tensor_parallel_size", facts.tp.filter(|_| multi_gpu))
             .fix(fix)
             .lines(seen.lines.iter().copied()),
     );
-    if facts.max_worker_rank > 0 || facts.tp.is_some_and(|t| t > 1) {
-        out.push(
-            Finding::new(Cause::MultiGpuWorkerLimit, 0.4)
-                .count("worker_rank", Some(facts.max_worker_rank))
-                .fix("the failure is on one worker; every rank captures its own graphs within the same per-GPU budget")
-                .lines(seen.lines.iter().copied()),
-        );
-    }
+}
+
+/// Why a graph-capture OOM on one rank is not the multi-GPU worker limit, and what applies.
+pub(crate) fn multi_gpu_capture_note(facts: &Facts) -> String {
+    format!(
+        "; this happened on {} of a multi-GPU run, but it is the graph pool, not a per-worker limit: every rank captures the same graphs \
+         in its own GPU's room outside the budget, so the same setting applies to all ranks (a larger --tensor-parallel-size does not shrink the pool)",
+        if facts.max_worker_rank > 0 {
+            format!("worker rank {}", facts.max_worker_rank)
+        } else {
+            "one worker".to_owned()
+        }
+    )
 }
 
 #[cfg(test)]
