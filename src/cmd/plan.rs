@@ -21,8 +21,19 @@ pub enum Format {
     Shell,
 }
 
+/// Which engine `plan` sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Llamacpp,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
+    /// vllm, or llamacpp (llama.cpp / llama-server: GGUF, --n-gpu-layers partial offload).
+    #[arg(long, value_enum, default_value_t = Engine::Vllm)]
+    pub engine: Engine,
     /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
     #[arg(long)]
     pub model: String,
@@ -80,6 +91,8 @@ pub struct PlanArgs {
     pub disable_hybrid_kv_cache_manager: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    #[command(flatten)]
+    pub llamacpp: super::plan_llamacpp::LlamaCppArgs,
 }
 
 /// Token counts: `16384`, `16k`, `128K`.
@@ -254,6 +267,14 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let req = request(&args)?;
+    if args.engine == Engine::Llamacpp {
+        return super::plan_llamacpp::run(&args, &req);
+    }
+    if args.llamacpp.any_given() {
+        bail!(
+            "--ctx-size, --parallel, --n-gpu-layers and the other llama.cpp flags need --engine llamacpp"
+        );
+    }
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
     match args.format {
