@@ -4,6 +4,7 @@
 mod bench;
 mod doctor;
 mod plan;
+mod plan_llamacpp;
 mod serve;
 mod serve_upstream;
 mod top;
