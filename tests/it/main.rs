@@ -5,6 +5,7 @@ mod bench;
 mod doctor;
 mod plan;
 mod plan_llamacpp;
+mod plan_v2;
 mod serve;
 mod serve_upstream;
 mod top;
