@@ -4,6 +4,7 @@ pub mod bench;
 pub mod doctor;
 pub mod doctor_live;
 pub mod plan;
+pub mod plan_llamacpp;
 pub mod serve;
 pub mod soak;
 pub mod top;

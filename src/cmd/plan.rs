@@ -21,8 +21,19 @@ pub enum Format {
     Shell,
 }
 
+/// Which engine `plan` sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Llamacpp,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
+    /// vllm, or llamacpp (llama.cpp / llama-server: GGUF, --n-gpu-layers partial offload).
+    #[arg(long, value_enum, default_value_t = Engine::Vllm)]
+    pub engine: Engine,
     /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
     #[arg(long)]
     pub model: String,
@@ -80,6 +91,15 @@ pub struct PlanArgs {
     pub disable_hybrid_kv_cache_manager: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// With --max-num-seqs/--target-concurrency: take the largest safe utilization instead of a
+    /// KV pool sized to the bound (the pre-v2 behaviour).
+    #[arg(long)]
+    pub fill: bool,
+    /// Extra KV a right-sized pool keeps for prefix caching: a fraction (0.25) or percent (25%).
+    #[arg(long, default_value = "25%")]
+    pub kv_slack: String,
+    #[command(flatten)]
+    pub llamacpp: super::plan_llamacpp::LlamaCppArgs,
 }
 
 /// Token counts: `16384`, `16k`, `128K`.
@@ -249,11 +269,62 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
+    req.fill = args.fill;
+    req.kv_slack = parse_fraction("kv-slack", &args.kv_slack)?;
     Ok(req)
+}
+
+/// `0.25` or `25%`.
+fn parse_fraction(flag: &str, text: &str) -> anyhow::Result<f64> {
+    let t = text.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    };
+    match v {
+        Ok(x) if x.is_finite() && (0.0..=4.0).contains(&x) => Ok(x),
+        _ => bail!(
+            "invalid --{flag} '{text}': expected a fraction such as 0.25 or a percent such as 25%"
+        ),
+    }
+}
+
+/// The right-sizing lines: the pool for the bound, and what it leaves the co-tenants.
+fn render_sizing(plan: &Plan) -> String {
+    let mut out = String::new();
+    if plan.sizing_mode == "right_sized" {
+        let _ = writeln!(
+            out,
+            "right-sized: --kv-cache-memory {} ({:.2} GiB) = {} sequences × {} tokens in whole blocks + {:.0} % slack for prefix caching (--kv-slack; --fill for the largest safe utilization)",
+            plan.kv_cache_memory_bytes,
+            gib(plan.kv_cache_memory_bytes),
+            plan.max_num_seqs
+                .min(plan.target.as_ref().map_or(u64::MAX, |t| t.concurrency)),
+            thousands(plan.max_model_len),
+            plan.kv_slack * 100.0
+        );
+    }
+    let reserved = plan.reservations.iter().map(|r| r.bytes).sum::<u64>();
+    let _ = writeln!(
+        out,
+        "headroom for audio: {:.2} GiB left beside vLLM ({:.2} GiB reserved, {:.2} GiB spare)",
+        gib(plan.headroom_bytes),
+        gib(reserved),
+        gib(plan.headroom_bytes.saturating_sub(reserved))
+    );
+    out
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let req = request(&args)?;
+    if args.engine == Engine::Llamacpp {
+        return super::plan_llamacpp::run(&args, &req);
+    }
+    if args.llamacpp.any_given() {
+        bail!(
+            "--ctx-size, --parallel, --n-gpu-layers and the other llama.cpp flags need --engine llamacpp"
+        );
+    }
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
     match args.format {
@@ -373,6 +444,7 @@ pub fn render_table(plan: &Plan) -> String {
         plan.kv_cache_memory_bytes,
         gib(plan.kv_cache_memory_bytes)
     );
+    out.push_str(&render_sizing(plan));
     if let Some(a) = &plan.audio {
         let _ = writeln!(
             out,

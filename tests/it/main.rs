@@ -6,6 +6,8 @@ mod deploy;
 mod doctor;
 mod doctor_live;
 mod plan;
+mod plan_llamacpp;
+mod plan_v2;
 mod serve;
 mod serve_upstream;
 mod stale_conn;

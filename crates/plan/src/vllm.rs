@@ -20,6 +20,10 @@ pub const DEFAULT_UTILIZATION: f64 = 0.9;
 pub const MAX_PROPOSED_UTILIZATION: f64 = 0.95;
 /// vLLM's default block size on CUDA.
 pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+/// Extra KV blocks a right-sized pool keeps beyond what the bounded sequences can hold at once,
+/// as a fraction of those: room for prefix-cached blocks of finished requests to survive
+/// (vLLM frees a finished request's blocks into a cache it evicts least-recently-used first).
+pub const DEFAULT_KV_SLACK: f64 = 0.25;
 
 /// Memory set aside for another tenant of the card (an audio server, say).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +57,11 @@ pub struct PlanRequest {
     pub safety_margin_bytes: u64,
     pub audio_minutes: Option<f64>,
     pub target_concurrency: Option<u64>,
+    /// Keep the old behaviour when concurrency is bounded: the largest safe utilization instead
+    /// of a KV pool sized to the bound (`--fill`).
+    pub fill: bool,
+    /// Right-sizing slack for prefix caching, as a fraction of the bounded need (`--kv-slack`).
+    pub kv_slack: f64,
 }
 
 impl PlanRequest {
@@ -78,7 +87,22 @@ impl PlanRequest {
             safety_margin_bytes: 0,
             audio_minutes: None,
             target_concurrency: None,
+            fill: false,
+            kv_slack: DEFAULT_KV_SLACK,
         }
+    }
+
+    /// Sequences the user bounded concurrency to (`--target-concurrency`, else `--max-num-seqs`).
+    pub fn concurrency_bound(&self) -> Option<u64> {
+        self.target_concurrency.or(self.max_num_seqs)
+    }
+
+    /// Whether the KV pool is sized to the concurrency bound rather than to the card.
+    pub fn right_sized(&self) -> bool {
+        !self.fill
+            && self.gpu_memory_utilization.is_none()
+            && self.kv_cache_memory.is_none()
+            && self.concurrency_bound().is_some()
     }
 
     fn co_tenant_bytes(&self) -> u64 {
@@ -102,6 +126,8 @@ pub enum PlanError {
     NotAnAudioModel(String),
     #[error("--audio-minutes must be a positive number of minutes, got {0}")]
     AudioMinutes(f64),
+    #[error("--kv-slack must be between 0 and 4 (0 % to 400 %), got {0}")]
+    KvSlack(f64),
 }
 
 /// How vLLM would fail to start (or run out of memory right after), with its numbers.
@@ -294,8 +320,18 @@ pub struct Plan {
     pub reserved_bytes: u64,
     pub safety_margin_bytes: u64,
     pub gpu_memory_utilization: f64,
-    /// Where the utilization came from: `given`, `default`, or `largest_safe`.
+    /// Where the utilization came from: `given`, `default`, `largest_safe`, or `right_sized`
+    /// (just above what the right-sized instance uses, so vLLM's start-up check passes).
     pub utilization_source: String,
+    /// How the KV pool was sized: `right_sized` (to the concurrency bound, passed as
+    /// `--kv-cache-memory`), `fill` (largest safe utilization), `given` (the user's
+    /// `--gpu-memory-utilization` or `--kv-cache-memory`), or `default` (no bound given).
+    pub sizing_mode: String,
+    /// Slack fraction a right-sized pool carries (0 in the other modes).
+    pub kv_slack: f64,
+    /// Memory vLLM leaves on the card for the co-tenants: total − vLLM's whole footprint (budget
+    /// or right-sized parts, CUDA graphs, context) − other processes − the safety margin.
+    pub headroom_bytes: u64,
     pub largest_safe_gpu_memory_utilization: f64,
     pub requested_bytes: u64,
     pub kv_cache_bytes: u64,
@@ -420,6 +456,10 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     let mut warnings = Vec::new();
     let mut req = req.clone();
     let audio = audio_context(spec, &mut req)?;
+    if req.right_sized() && req.max_num_seqs.is_none() {
+        // A pool sized for N sequences should not admit more than N at once.
+        req.max_num_seqs = req.target_concurrency;
+    }
     let r = resolve(spec, &req, &mut warnings);
     let total = req.gpu_total_bytes;
     let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
@@ -435,7 +475,26 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     let room = total.saturating_sub(co_tenants + margin + graphs + context);
     let largest_safe = floor_2dp(room as f64 / total as f64).clamp(0.0, 1.0);
     let shared = co_tenants > 0;
+    let right_sized = req.right_sized();
+    let sizing_mode = if right_sized {
+        "right_sized"
+    } else if req.gpu_memory_utilization.is_some() || req.kv_cache_memory.is_some() {
+        "given"
+    } else if req.fill {
+        "fill"
+    } else {
+        "default"
+    };
+    let kv_slack = if right_sized { req.kv_slack } else { 0.0 };
+    if right_sized {
+        let n = req.concurrency_bound().unwrap_or(1);
+        let k = right_sized_kv_bytes(&r.layout, n, r.max_model_len, r.mbt, req.kv_slack);
+        req.kv_cache_memory = Some(k);
+        // vLLM still refuses to start unless util × total is free: ask for just what it uses.
+        req.gpu_memory_utilization = Some(ceil_2dp((non_kv + k) as f64 / total as f64).min(1.0));
+    }
     let (utilization, utilization_source) = match req.gpu_memory_utilization {
+        Some(u) if right_sized => (u, "right_sized"),
         Some(u) => (u, "given"),
         None if shared => (largest_safe.min(MAX_PROPOSED_UTILIZATION), "largest_safe"),
         None if largest_safe >= DEFAULT_UTILIZATION => (DEFAULT_UTILIZATION, "default"),
@@ -460,6 +519,7 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     } + graphs
         + context;
     let device_peak = instance + co_tenants;
+    let headroom = total.saturating_sub(instance + req.other_used_bytes + margin);
 
     let mut estimated_max_model_len = None;
     let failure = if weights > free_at_start {
@@ -617,6 +677,9 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         safety_margin_bytes: margin,
         gpu_memory_utilization: utilization,
         utilization_source: utilization_source.to_string(),
+        sizing_mode: sizing_mode.to_string(),
+        kv_slack,
+        headroom_bytes: headroom,
         largest_safe_gpu_memory_utilization: largest_safe,
         requested_bytes: requested,
         kv_cache_bytes: kv_cache,
@@ -668,6 +731,9 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
             return Err(PlanError::Zero(name));
         }
     }
+    if !(req.kv_slack.is_finite() && (0.0..=4.0).contains(&req.kv_slack)) {
+        return Err(PlanError::KvSlack(req.kv_slack));
+    }
     if let Some(m) = req.audio_minutes {
         if !(m.is_finite() && m > 0.0) {
             return Err(PlanError::AudioMinutes(m));
@@ -677,6 +743,19 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
         }
     }
     Ok(())
+}
+
+/// Rounds `x` up to two decimals (0.431 → 0.44), the precision vLLM's flag is written with.
+fn ceil_2dp(x: f64) -> f64 {
+    ((x * 100.0) - 1e-9).ceil() / 100.0
+}
+
+/// A KV pool for `n` sequences of `len` tokens: their blocks at full length plus `slack` of
+/// them (rounded up to whole blocks), in bytes of vLLM's blocks.
+pub fn right_sized_kv_bytes(layout: &KvLayout, n: u64, len: u64, mbt: u64, slack: f64) -> u64 {
+    let blocks = n * layout.blocks_per_request(len, mbt);
+    let extra = (blocks as f64 * slack).ceil() as u64;
+    (blocks + extra) * layout.bytes_per_block()
 }
 
 /// Fills in `max_model_len` from `--audio-minutes` when it was not given.
@@ -1075,6 +1154,7 @@ mod tests {
         let mut req = PlanRequest::new(24 * GIB);
         req.max_model_len = Some(16384);
         req.max_num_seqs = Some(4);
+        req.fill = true;
         let alone = plan(&llama_8b(), &req).unwrap();
         req.reservations.push(Reservation {
             name: "whisper".into(),
@@ -1149,6 +1229,102 @@ mod tests {
         assert_eq!(p.audio.unwrap().minutes_per_sequence, 100.0);
     }
 
+    fn qwen_7b_awq() -> ModelSpec {
+        let mut spec = ModelSpec::dense(
+            "Qwen/Qwen2.5-7B-Instruct-AWQ",
+            3584,
+            18_944,
+            28,
+            28,
+            4,
+            152_064,
+        );
+        spec.dtype = Dtype::F16;
+        spec.quantization = Quantization {
+            scheme: QuantScheme::Awq,
+            group_size: 128,
+            experts_only: false,
+        };
+        spec
+    }
+
+    #[test]
+    fn bounded_concurrency_sizes_the_pool_to_the_bound_plus_slack() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.max_model_len = Some(4096);
+        req.max_num_seqs = Some(2);
+        req.reservations.push(Reservation {
+            name: "whisper".into(),
+            bytes: 6 * GIB,
+            why: "test".into(),
+        });
+        let p = plan(&qwen_7b_awq(), &req).unwrap();
+        // vLLM's page: 16 tokens × 2 (K, V) × 4 KV heads × 128 × 2 B, over 28 layers.
+        let block = 16 * 2 * 4 * 128 * 2 * 28;
+        // Two sequences of 4,096 tokens = 2 × 256 blocks, plus 25 % = 128 blocks.
+        let blocks = 2 * 4096 / 16;
+        let expected = (blocks + blocks / 4) * block;
+        assert_eq!(p.sizing_mode, "right_sized");
+        assert_eq!(p.kv_cache_memory_bytes, expected);
+        assert_eq!(p.num_blocks, (blocks + blocks / 4) * 28 / 28);
+        assert!(
+            p.vllm_args
+                .windows(2)
+                .any(|w| w[0] == "--kv-cache-memory" && w[1] == expected.to_string())
+        );
+        // At most 50 % over what the two sequences can hold.
+        assert!(p.kv_cache_bytes as f64 <= 1.5 * (2 * 4096 * 57_344) as f64);
+        // The card splits into vLLM's footprint, the headroom left and the margin.
+        let instance = p.weights_bytes
+            + p.activation_peak_bytes
+            + p.non_torch_bytes
+            + p.kv_cache_bytes
+            + p.cuda_graph_bytes
+            + p.cuda_context_bytes;
+        assert_eq!(
+            p.headroom_bytes + instance + p.safety_margin_bytes,
+            24 * GIB
+        );
+        assert!(p.headroom_bytes > 6 * GIB);
+        // The start-up check passes: util × total covers what vLLM holds and is free at start.
+        let requested = (p.gpu_memory_utilization * (24 * GIB) as f64) as u64;
+        assert!(requested >= instance - p.cuda_graph_bytes - p.cuda_context_bytes);
+        assert!(requested <= 18 * GIB);
+        assert!(p.fits, "{:?}", p.failure);
+
+        // --kv-slack 0: exactly the two sequences' blocks.
+        req.kv_slack = 0.0;
+        let tight = plan(&qwen_7b_awq(), &req).unwrap();
+        assert_eq!(tight.kv_cache_bytes, blocks * block);
+
+        // --fill: the largest safe utilization, budget minus the rest.
+        req.fill = true;
+        let f = plan(&qwen_7b_awq(), &req).unwrap();
+        assert_eq!(f.sizing_mode, "fill");
+        assert_eq!(f.utilization_source, "largest_safe");
+        assert_eq!(
+            f.kv_cache_bytes,
+            f.requested_bytes - f.weights_bytes - f.activation_peak_bytes - f.non_torch_bytes
+        );
+        assert!(f.kv_cache_bytes > 10 * p.kv_cache_bytes);
+        assert!(f.headroom_bytes < p.headroom_bytes);
+    }
+
+    #[test]
+    fn target_concurrency_alone_bounds_max_num_seqs_too() {
+        let mut req = PlanRequest::new(80 * GIB);
+        req.max_model_len = Some(8192);
+        req.target_concurrency = Some(3);
+        let p = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(p.sizing_mode, "right_sized");
+        assert_eq!(p.max_num_seqs, 3);
+        // 3 × 512 blocks + 25 % (384) of 16 × 131,072 B.
+        assert_eq!(p.kv_cache_bytes, (3 * 512 + 384) * 16 * 131_072);
+        // A user's utilization or pool keeps its meaning.
+        req.gpu_memory_utilization = Some(0.5);
+        assert_eq!(plan(&llama_8b(), &req).unwrap().sizing_mode, "given");
+    }
+
     #[test]
     fn bad_settings_are_errors_not_plans() {
         let spec = llama_8b();
@@ -1164,5 +1340,8 @@ mod tests {
         let mut req = PlanRequest::new(24 * GIB);
         req.max_num_seqs = Some(0);
         assert_eq!(plan(&spec, &req), Err(PlanError::Zero("max-num-seqs")));
+        let mut req = PlanRequest::new(24 * GIB);
+        req.kv_slack = -0.1;
+        assert_eq!(plan(&spec, &req), Err(PlanError::KvSlack(-0.1)));
     }
 }

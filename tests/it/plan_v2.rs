@@ -1,0 +1,153 @@
+//! `headroom plan` v2 through the built binary: right-sizing to the concurrency bound (the seed-2
+//! case), `--fill`, and the one-line errors of the new flags.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const GIB: u64 = 1 << 30;
+
+fn headroom(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .env("HF_HOME", "/nonexistent-headroom-test")
+        .env_remove("HF_HUB_CACHE")
+        .output()
+        .expect("run headroom")
+}
+
+fn plan_json(args: &[&str]) -> (Value, i32) {
+    let mut all = vec!["plan", "--format", "json"];
+    all.extend_from_slice(args);
+    let out = headroom(&all);
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (json, out.status.code().unwrap())
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+const SEED2: &[&str] = &[
+    "--model",
+    "Qwen/Qwen2.5-7B-Instruct-AWQ",
+    "--gpu",
+    "24GiB",
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    "2",
+    "--reserve",
+    "whisper-large-v3",
+    "--reserve",
+    "tts=2GiB",
+];
+
+#[test]
+fn seed2_right_sizes_the_kv_pool_and_reports_headroom() {
+    let (p, code) = plan_json(SEED2);
+    assert_eq!(code, 0);
+    assert_eq!(p["sizing_mode"], "right_sized");
+    // Qwen2.5-7B: 28 layers × 4 KV heads × 128 × 2 (K, V) × 2 B = 57,344 B/token; blocks of 16.
+    let per_token = 28 * 4 * 128 * 2 * 2;
+    assert_eq!(u(&p, "kv_bytes_per_token"), per_token);
+    let blocks = 2 * 4096 / 16;
+    let expected = (blocks + blocks / 4) * 16 * per_token;
+    assert_eq!(u(&p, "kv_cache_memory_bytes"), expected);
+    let two_seqs = 2 * 4096 * per_token;
+    assert!(u(&p, "kv_cache_bytes") >= two_seqs);
+    assert!(u(&p, "kv_cache_bytes") as f64 <= 1.5 * two_seqs as f64);
+    let args: Vec<String> = p["vllm_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let at = args.iter().position(|a| a == "--kv-cache-memory").unwrap();
+    assert_eq!(args[at + 1], expected.to_string());
+    // What is left beside vLLM holds both reservations (6 GiB whisper + 2 GiB TTS) and more.
+    let left = u(&p, "headroom_bytes");
+    assert!(left > 8 * GIB + 4 * GIB, "{left}");
+    assert_eq!(
+        left + u(&p, "device_peak_bytes") - u(&p, "reserved_bytes") + u(&p, "safety_margin_bytes"),
+        24 * GIB
+    );
+
+    let out = headroom(&[&["plan"], SEED2].concat());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(&format!("--kv-cache-memory {expected}")),
+        "{table}"
+    );
+    assert!(table.contains("headroom for audio: "), "{table}");
+}
+
+#[test]
+fn fill_keeps_the_largest_safe_utilization() {
+    let (f, code) = plan_json(&[SEED2, &["--fill"]].concat());
+    assert_eq!(code, 0);
+    assert_eq!(f["sizing_mode"], "fill");
+    assert_eq!(f["utilization_source"], "largest_safe");
+    // util = floor_2dp((total − co-tenants − margin − graphs − context) / total).
+    let total = 24 * GIB;
+    let room = total
+        - u(&f, "reserved_bytes")
+        - u(&f, "safety_margin_bytes")
+        - u(&f, "cuda_graph_bytes")
+        - u(&f, "cuda_context_bytes");
+    let util = (room as f64 / total as f64 * 100.0).floor() / 100.0;
+    assert_eq!(f["gpu_memory_utilization"].as_f64().unwrap(), util);
+    let requested = (total as f64 * util).floor() as u64;
+    assert_eq!(
+        u(&f, "kv_cache_bytes"),
+        requested
+            - u(&f, "weights_bytes")
+            - u(&f, "activation_peak_bytes")
+            - u(&f, "non_torch_bytes")
+    );
+    let (r, _) = plan_json(SEED2);
+    assert!(u(&f, "kv_cache_bytes") > 10 * u(&r, "kv_cache_bytes"));
+}
+
+#[test]
+fn new_flags_reject_bad_values_in_one_line() {
+    for (args, needle) in [
+        (vec!["--kv-slack=-5%"], "--kv-slack"),
+        (vec!["--kv-slack", "lots"], "--kv-slack"),
+        (
+            vec!["--engine", "llamacpp", "--cache-type-k", "q3"],
+            "--cache-type-k",
+        ),
+        (
+            vec!["--engine", "llamacpp", "--parallel", "0"],
+            "--parallel",
+        ),
+        (
+            vec!["--engine", "llamacpp", "--flash-attn", "maybe"],
+            "--flash-attn",
+        ),
+        (vec!["--ctx-size", "4096"], "--engine llamacpp"),
+    ] {
+        let mut all = vec![
+            "plan",
+            "--model",
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "--gpu",
+            "24GiB",
+        ];
+        all.extend(args.iter().copied());
+        let out = headroom(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
+        assert!(err.contains(needle), "{all:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{all:?}: {err}");
+    }
+}
