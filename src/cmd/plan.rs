@@ -13,6 +13,7 @@ use headroom_plan::{
 };
 
 use super::EXIT_DOES_NOT_FIT;
+use super::pipe::emit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -21,11 +22,22 @@ pub enum Format {
     Shell,
 }
 
+/// `--list`: which part of the built-in catalog to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListWhat {
+    Models,
+    Gpus,
+    Reserves,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
     /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "list", default_value = "")]
     pub model: String,
+    /// Print the built-in catalog's models, GPUs or reserve profiles (one per line) and exit.
+    #[arg(long, value_enum)]
+    pub list: Option<ListWhat>,
     /// GPU name (RTX 4090, H100, ...) or its memory (24GiB, 23.58GiB, 24GB, 24576MiB, bytes).
     /// Without it, GPU 0 of this machine is read through NVML, and memory other processes hold
     /// there counts as --other-used.
@@ -253,14 +265,22 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    if let Some(what) = args.list {
+        emit(&catalog_list(what)).context("writing the list")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let req = request(&args)?;
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
-    match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-        Format::Shell => println!("{}", command_line(&plan)),
-        Format::Table => print!("{}", render_table(&plan)),
-    }
+    let text = match args.format {
+        Format::Json => format!("{}\n", serde_json::to_string_pretty(&plan)?),
+        // Nothing runnable for a plan that does not fit: `$(headroom plan … --format shell)`
+        // must not start a server that fails.
+        Format::Shell if plan.fits => format!("{}\n", command_line(&plan)),
+        Format::Shell => String::new(),
+        Format::Table => render_table(&plan),
+    };
+    emit(&text).context("writing the plan")?;
     if plan.fits {
         Ok(ExitCode::SUCCESS)
     } else {
@@ -446,7 +466,14 @@ pub fn render_table(plan: &Plan) -> String {
         }
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "{}", command_line(plan));
+    if plan.fits {
+        let _ = writeln!(out, "{}", command_line(plan));
+    } else {
+        let _ = writeln!(
+            out,
+            "no vllm serve line: this plan does not fit; apply one of the options above and plan again"
+        );
+    }
     let _ = writeln!(
         out,
         "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}",
@@ -454,6 +481,35 @@ pub fn render_table(plan: &Plan) -> String {
     );
     for w in &plan.warnings {
         let _ = writeln!(out, "note: {w}");
+    }
+    out
+}
+
+/// `--list models|gpus|reserves`: one entry per line, name first, then what it is.
+fn catalog_list(what: ListWhat) -> String {
+    let mut out = String::new();
+    match what {
+        ListWhat::Models => {
+            for m in headroom_inspect::catalog::models() {
+                let kind = m.kind.as_deref().unwrap_or("text");
+                let _ = writeln!(out, "{:<48} {kind}", m.id);
+            }
+        }
+        ListWhat::Gpus => {
+            for g in headroom_inspect::catalog::gpus() {
+                let _ = writeln!(
+                    out,
+                    "{:<40} {:>7.2} GiB visible to CUDA",
+                    g.name,
+                    gib(g.cuda_visible_bytes())
+                );
+            }
+        }
+        ListWhat::Reserves => {
+            for p in reserve_profiles() {
+                let _ = writeln!(out, "{:<28} {:>6.2} GiB  {}", p.name, gib(p.bytes), p.stack);
+            }
+        }
     }
     out
 }

@@ -2,6 +2,7 @@
 //! on 127.0.0.1.
 
 mod bench;
+mod cli;
 mod doctor;
 mod plan;
 mod serve;
