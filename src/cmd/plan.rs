@@ -175,6 +175,12 @@ fn gpu_from_flag(gpu: &str) -> anyhow::Result<(Option<String>, u64)> {
     }
 }
 
+/// vLLM reads `VLLM_ALLOW_LONG_MAX_MODEL_LEN` as true for `1` or `true` (any case).
+fn allow_long_max_model_len() -> bool {
+    std::env::var("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
+}
+
 /// Turns raw flags into a request; every malformed value is an error naming its flag.
 fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     let mut live_other_used = None;
@@ -261,6 +267,7 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
+    req.allow_long_max_model_len = allow_long_max_model_len();
     Ok(req)
 }
 
@@ -430,6 +437,15 @@ pub fn render_table(plan: &Plan) -> String {
     }
     let _ = writeln!(out);
     match &plan.failure {
+        _ if !plan.refused.is_empty() => {
+            let _ = writeln!(
+                out,
+                "verdict: vLLM REFUSES these settings before it allocates anything:"
+            );
+            for r in &plan.refused {
+                let _ = writeln!(out, "  {r}");
+            }
+        }
         None if plan.fits => {
             let _ = writeln!(out, "verdict: fits");
         }
@@ -450,20 +466,28 @@ pub fn render_table(plan: &Plan) -> String {
         }
     }
     if !plan.options.is_empty() {
-        let _ = writeln!(out, "options:");
+        let _ = writeln!(
+            out,
+            "options (each planned again with the change applied; all fit, cheapest first):"
+        );
         for o in &plan.options {
             let _ = writeln!(
                 out,
-                "  {:<20} {:<44} needs {:>7.2} GiB, {} × {} tokens{}  [{}]",
+                "  {}: {}\n      re-planned: utilization {:.2}, {:.2} GiB of the card, {} × {} tokens  [{}]",
                 o.option,
                 o.description,
+                o.gpu_memory_utilization,
                 gib(o.memory_needed_bytes),
                 o.concurrency,
                 thousands(o.max_model_len),
-                if o.fits { ", fits" } else { ", does not fit" },
-                o.vllm_args.join(" ")
+                o.headroom_args.join(" ")
             );
         }
+    } else if !plan.fits {
+        let _ = writeln!(
+            out,
+            "options: none found (utilization, context, sequences, fp8 KV, quantized weights and TP tried)"
+        );
     }
     let _ = writeln!(out);
     if plan.fits {
@@ -471,7 +495,7 @@ pub fn render_table(plan: &Plan) -> String {
     } else {
         let _ = writeln!(
             out,
-            "no vllm serve line: this plan does not fit; apply one of the options above and plan again"
+            "nothing to run: this plan does not fit; add one option's flags above and plan again"
         );
     }
     let _ = writeln!(

@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod doctor;
 mod plan;
+mod plan_fixes;
 mod serve;
 mod serve_upstream;
 mod top;
