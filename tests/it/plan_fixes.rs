@@ -84,34 +84,34 @@ fn random_plan(rng: &mut Lcg) -> BTreeMap<String, String> {
         "A100-SXM4-80GB",
     ]);
     f.insert("--gpu".into(), gpu.into());
-    if rng.next() % 2 == 0 {
+    if rng.next().is_multiple_of(2) {
         let util = 50 + rng.next() % 49;
         f.insert("--gpu-memory-utilization".into(), format!("0.{util:02}"));
     }
-    if rng.next() % 3 > 0 {
+    if !rng.next().is_multiple_of(3) {
         let len = rng.pick(&["4096", "8192", "32768", "131072", "200000"]);
         f.insert("--max-model-len".into(), len.into());
     }
-    if rng.next() % 2 == 0 {
+    if rng.next().is_multiple_of(2) {
         let r = rng.pick(&["whisper-large-v3", "kokoro-82m", "tts=3GiB"]);
         f.insert("--reserve".into(), r.into());
     }
-    if rng.next() % 4 == 0 {
+    if rng.next().is_multiple_of(4) {
         f.insert(
             "--tensor-parallel-size".into(),
             rng.pick(&["2", "3", "4"]).into(),
         );
     }
-    if rng.next() % 4 == 0 {
+    if rng.next().is_multiple_of(4) {
         f.insert(
             "--target-concurrency".into(),
             (1 + rng.next() % 32).to_string(),
         );
     }
-    if rng.next() % 5 == 0 {
+    if rng.next().is_multiple_of(5) {
         f.insert("--block-size".into(), rng.pick(&["7", "32"]).into());
     }
-    if rng.next() % 5 == 0 {
+    if rng.next().is_multiple_of(5) {
         f.insert("--kv-cache-dtype".into(), "fp8".into());
     }
     f
