@@ -109,6 +109,22 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `--model` written as a path (`./dir`, `/x`, `~/x`, a `.gguf` or `.json` file) that does not
+/// exist: say so, rather than "unknown model" with catalog names.
+pub fn check_model_path(model: &str) -> anyhow::Result<()> {
+    let m = model.trim();
+    let looks_like_path = m.starts_with(['/', '.', '~'])
+        || m.contains('\\')
+        || [".gguf", ".json", ".safetensors"]
+            .iter()
+            .any(|ext| m.to_ascii_lowercase().ends_with(ext))
+        || m.matches('/').count() > 1;
+    if looks_like_path && !std::path::Path::new(m).exists() {
+        anyhow::bail!("--model '{m}': no such file or directory");
+    }
+    Ok(())
+}
+
 /// Flattens an error chain into one readable line.
 pub fn one_line(err: &anyhow::Error) -> String {
     let text = format!("{err:#}");

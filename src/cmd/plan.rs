@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use headroom_inspect::catalog::{find_gpu, find_profile, reserve_profiles};
 use headroom_inspect::resolve::{Env, resolve_model};
-use headroom_plan::units::{GIB, gib, parse_size, thousands};
+use headroom_plan::units::{GIB, MIB, SizeUnit, gib, parse_size, size_unit, thousands};
 use headroom_plan::{
     Dtype, KvCacheDtype, Plan, PlanRequest, QuantScheme, Reservation, plan as make_plan,
 };
@@ -107,13 +107,57 @@ fn parse_tokens(flag: &str, text: &str) -> anyhow::Result<u64> {
     Ok(n * mult)
 }
 
+/// A size flag that must carry a unit: a bare number below 1 MiB is an error (`--reserve a=3`
+/// is three bytes, never what was meant); a bare byte count above that is taken as written.
+/// Decimal units are read as written and said so on stderr.
+fn parse_flag_size(flag: &str, text: &str) -> anyhow::Result<u64> {
+    parse_sized(flag, text, text)
+}
+
+/// [`parse_flag_size`] for a size that is part of a longer value (`NAME=SIZE`): errors show `whole`.
+fn parse_sized(flag: &str, whole: &str, text: &str) -> anyhow::Result<u64> {
+    let bytes = parse_size(text).with_context(|| format!("invalid {flag} '{whole}'"))?;
+    match size_unit(text) {
+        Some(SizeUnit::Bare) if bytes < MIB => bail!(
+            "invalid {flag} '{whole}': a size needs a unit, e.g. {n}GiB or {n}MiB (a bare number is bytes)",
+            n = text.trim()
+        ),
+        Some(SizeUnit::Decimal) => note_decimal(flag, text, bytes),
+        _ => {}
+    }
+    Ok(bytes)
+}
+
+/// Says how a decimal size was read (`24GB` is 24 × 10⁹ bytes, 22.35 GiB).
+fn note_decimal(flag: &str, text: &str, bytes: u64) {
+    eprintln!(
+        "headroom: note: {flag} '{}' read as {} bytes ({:.2} GiB); GB is 10^9 bytes, GiB is 2^30",
+        text.trim(),
+        thousands(bytes),
+        gib(bytes)
+    );
+}
+
+/// Cards sold as "24 GB" have 24 GiB: a whole number of decimal GB is probably that figure.
+fn warn_marketing_size(text: &str, bytes: u64) {
+    let whole_gb = bytes % 1_000_000_000 == 0;
+    if size_unit(text) == Some(SizeUnit::Decimal) && whole_gb {
+        let n = bytes / 1_000_000_000;
+        eprintln!(
+            "headroom: warning: --gpu '{}' looks like the figure a card is sold with; such cards have {n} GiB ({} bytes): write --gpu {n}GiB, or the card's name (headroom plan --list gpus)",
+            text.trim(),
+            thousands(n * GIB)
+        );
+    }
+}
+
 fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
     if let Some((name, size)) = text.split_once('=') {
         let name = name.trim();
         if name.is_empty() {
             bail!("invalid --reserve '{text}': expected NAME=SIZE or a profile name");
         }
-        let bytes = parse_size(size).with_context(|| format!("invalid --reserve '{text}'"))?;
+        let bytes = parse_sized("--reserve", text, size)?;
         return Ok(Reservation {
             name: name.to_string(),
             bytes,
@@ -136,6 +180,22 @@ fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
     }
 }
 
+/// Every `--reserve`; two with one name are an error (they would be summed without a word).
+fn reservations(flags: &[String]) -> anyhow::Result<Vec<Reservation>> {
+    let mut out: Vec<Reservation> = Vec::new();
+    for text in flags {
+        let r = parse_reserve(text)?;
+        if out.iter().any(|o| o.name.eq_ignore_ascii_case(&r.name)) {
+            bail!(
+                "--reserve '{}' is given twice: one --reserve per tenant (give the total once, or two names)",
+                r.name
+            );
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
 /// GPU 0 of this machine, read through NVML.
 fn local_gpu() -> anyhow::Result<headroom_gpu::DeviceSnapshot> {
     use headroom_gpu::GpuProbe;
@@ -150,13 +210,54 @@ fn local_gpu() -> anyhow::Result<headroom_gpu::DeviceSnapshot> {
         .context("no --gpu given and NVML lists no GPU; name one with --gpu")
 }
 
-/// `--gpu`: a catalog name first ("3090" is a card, not 3,090 bytes), else a size.
+/// Catalog GPUs whose name or alias contains `gpu` (vendor words and punctuation ignored).
+fn gpus_containing(gpu: &str) -> Vec<&'static headroom_inspect::catalog::CatalogGpu> {
+    let norm = |s: &str| {
+        headroom_inspect::catalog::normalize(s)
+            .replace("nvidia", "")
+            .replace("geforce", "")
+    };
+    let key = norm(gpu);
+    if key.is_empty() || key.chars().all(|c| c.is_ascii_digit()) && size_unit(gpu).is_some() {
+        return Vec::new();
+    }
+    headroom_inspect::catalog::gpus()
+        .iter()
+        .filter(|g| {
+            std::iter::once(&g.name)
+                .chain(g.aliases.iter())
+                .any(|n| norm(n).contains(&key))
+        })
+        .collect()
+}
+
+/// `--gpu`: a catalog name first ("3090" is a card, not 3,090 bytes), then a name that matches
+/// one card only (several: an error naming them), else a size.
 fn gpu_from_flag(gpu: &str) -> anyhow::Result<(Option<String>, u64)> {
     if let Some(g) = find_gpu(gpu) {
         return Ok((Some(g.name.clone()), g.cuda_visible_bytes()));
     }
+    if parse_size(gpu).is_err() {
+        match gpus_containing(gpu).as_slice() {
+            [one] => return Ok((Some(one.name.clone()), one.cuda_visible_bytes())),
+            [] => {}
+            many => bail!(
+                "ambiguous --gpu '{gpu}': it matches {}; name one of them",
+                many.iter()
+                    .map(|g| g.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
     match parse_size(gpu) {
-        Ok(bytes) if bytes >= GIB => Ok((None, bytes)),
+        Ok(bytes) if bytes >= GIB => {
+            if size_unit(gpu) == Some(SizeUnit::Decimal) {
+                note_decimal("--gpu", gpu, bytes);
+                warn_marketing_size(gpu, bytes);
+            }
+            Ok((None, bytes))
+        }
         Ok(_) => bail!(
             "invalid --gpu '{gpu}': a GPU smaller than 1 GiB (did you mean a size such as {}GiB?)",
             gpu.trim()
@@ -205,9 +306,8 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.kv_cache_memory = args
         .kv_cache_memory
         .as_deref()
-        .map(parse_size)
-        .transpose()
-        .context("invalid --kv-cache-memory")?;
+        .map(|t| parse_flag_size("--kv-cache-memory", t))
+        .transpose()?;
     req.max_model_len = args
         .max_model_len
         .as_deref()
@@ -251,20 +351,15 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.block_size = args.block_size;
     req.enforce_eager = args.enforce_eager;
     req.hybrid_kv_manager = !args.disable_hybrid_kv_cache_manager;
-    req.reservations = args
-        .reserve
-        .iter()
-        .map(|r| parse_reserve(r))
-        .collect::<anyhow::Result<_>>()?;
+    req.reservations = reservations(&args.reserve)?;
     req.other_used_bytes = args
         .other_used
         .as_deref()
-        .map(parse_size)
-        .transpose()
-        .context("invalid --other-used")?
+        .map(|t| parse_flag_size("--other-used", t))
+        .transpose()?
         .or(live_other_used)
         .unwrap_or(0);
-    req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
+    req.safety_margin_bytes = parse_flag_size("--safety-margin", &args.safety_margin)?;
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
     req.allow_long_max_model_len = allow_long_max_model_len();
@@ -277,6 +372,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let req = request(&args)?;
+    super::check_model_path(&args.model)?;
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
     let text = match args.format {

@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod doctor;
+mod inputs;
 mod plan;
 mod plan_fixes;
 mod serve;
