@@ -140,7 +140,7 @@ fn note_decimal(flag: &str, text: &str, bytes: u64) {
 
 /// Cards sold as "24 GB" have 24 GiB: a whole number of decimal GB is probably that figure.
 fn warn_marketing_size(text: &str, bytes: u64) {
-    let whole_gb = bytes % 1_000_000_000 == 0;
+    let whole_gb = bytes.is_multiple_of(1_000_000_000);
     if size_unit(text) == Some(SizeUnit::Decimal) && whole_gb {
         let n = bytes / 1_000_000_000;
         eprintln!(
