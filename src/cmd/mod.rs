@@ -3,13 +3,16 @@
 pub mod bench;
 pub mod doctor;
 pub mod doctor_live;
+pub mod pipe;
 pub mod plan;
 pub mod plan_llamacpp;
 pub mod serve;
+pub mod shell;
 pub mod soak;
 pub mod top;
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Bad input or an unusable environment.
 pub const EXIT_BAD_INPUT: u8 = 2;
@@ -30,6 +33,68 @@ pub enum Command {
     Top(top::TopArgs),
     /// Read an engine log (or live /metrics with --metrics), name what is wrong and compute the fix.
     Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script: `source <(headroom completions bash)`.
+    Completions(shell::CompletionsArgs),
+    /// Print the manual page (roff), generated from these very flags: `headroom man | man -l -`.
+    Man(shell::ManArgs),
+}
+
+/// `--color`: when output may carry colour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorWhen {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorWhen {
+    /// Reads `--color` from the raw arguments before clap runs (clap's own messages need it),
+    /// then `NO_COLOR` (https://no-color.org: set and not empty means no colour).
+    pub fn from_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> ColorWhen {
+        let args: Vec<String> = args
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let mut given = None;
+        for (i, a) in args.iter().enumerate() {
+            let value = match a.strip_prefix("--color") {
+                Some("") => args.get(i + 1).map(String::as_str),
+                Some(rest) => rest.strip_prefix('='),
+                None => None,
+            };
+            if let Some(v) =
+                value.and_then(|v| <ColorWhen as clap::ValueEnum>::from_str(v, true).ok())
+            {
+                given = Some(v);
+            }
+        }
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        match given {
+            Some(w) => w,
+            None if no_color => ColorWhen::Never,
+            None => ColorWhen::Auto,
+        }
+    }
+
+    pub fn clap_choice(self) -> clap::ColorChoice {
+        match self {
+            ColorWhen::Auto => clap::ColorChoice::Auto,
+            ColorWhen::Always => clap::ColorChoice::Always,
+            ColorWhen::Never => clap::ColorChoice::Never,
+        }
+    }
+}
+
+static COLOR_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Records the colour choice for commands that draw (`top`).
+pub fn set_color(when: ColorWhen) {
+    COLOR_OFF.store(when == ColorWhen::Never, Ordering::Relaxed);
+}
+
+/// False after `--color never` or with `NO_COLOR` set.
+pub fn color_enabled() -> bool {
+    !COLOR_OFF.load(Ordering::Relaxed)
 }
 
 pub fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -40,7 +105,26 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Completions(_) | Command::Man(_) => {
+            unreachable!("main answers completions and man: they need the whole command")
+        }
     }
+}
+
+/// `--model` written as a path (`./dir`, `/x`, `~/x`, a `.gguf` or `.json` file) that does not
+/// exist: say so, rather than "unknown model" with catalog names.
+pub fn check_model_path(model: &str) -> anyhow::Result<()> {
+    let m = model.trim();
+    let looks_like_path = m.starts_with(['/', '.', '~'])
+        || m.contains('\\')
+        || [".gguf", ".json", ".safetensors"]
+            .iter()
+            .any(|ext| m.to_ascii_lowercase().ends_with(ext))
+        || m.matches('/').count() > 1;
+    if looks_like_path && !std::path::Path::new(m).exists() {
+        anyhow::bail!("--model '{m}': no such file or directory");
+    }
+    Ok(())
 }
 
 /// Flattens an error chain into one readable line.
@@ -78,8 +162,19 @@ pub fn report_clap_error(err: clap::Error) -> ExitCode {
                 .collect::<Vec<_>>()
                 .join(" ");
             let first = first.trim_start_matches("error: ");
-            eprintln!("headroom: {first} (see --help)");
+            eprintln!("headroom: {first}{} (see --help)", clap_tips(&rendered));
             ExitCode::from(EXIT_BAD_INPUT)
         }
     }
+}
+
+/// clap's "tip:" lines (`a similar argument exists: '--gpu-memory-utilization'`), joined so the
+/// one-line error keeps its suggestion.
+fn clap_tips(rendered: &str) -> String {
+    rendered
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("tip:"))
+        .map(|t| format!("; {}", t.trim()))
+        .collect()
 }

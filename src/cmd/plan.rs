@@ -7,12 +7,13 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use headroom_inspect::catalog::{find_gpu, find_profile, reserve_profiles};
 use headroom_inspect::resolve::{Env, resolve_model};
-use headroom_plan::units::{GIB, gib, parse_size, thousands};
+use headroom_plan::units::{GIB, MIB, SizeUnit, gib, parse_size, size_unit, thousands};
 use headroom_plan::{
     Dtype, KvCacheDtype, Plan, PlanRequest, QuantScheme, Reservation, plan as make_plan,
 };
 
 use super::EXIT_DOES_NOT_FIT;
+use super::pipe::emit;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -29,14 +30,25 @@ pub enum Engine {
     Llamacpp,
 }
 
+/// `--list`: which part of the built-in catalog to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListWhat {
+    Models,
+    Gpus,
+    Reserves,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
     /// vllm, or llamacpp (llama.cpp / llama-server: GGUF, --n-gpu-layers partial offload).
     #[arg(long, value_enum, default_value_t = Engine::Vllm)]
     pub engine: Engine,
     /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "list", default_value = "")]
     pub model: String,
+    /// Print the built-in catalog's models, GPUs or reserve profiles (one per line) and exit.
+    #[arg(long, value_enum)]
+    pub list: Option<ListWhat>,
     /// GPU name (RTX 4090, H100, ...) or its memory (24GiB, 23.58GiB, 24GB, 24576MiB, bytes).
     /// Without it, GPU 0 of this machine is read through NVML, and memory other processes hold
     /// there counts as --other-used.
@@ -115,13 +127,57 @@ fn parse_tokens(flag: &str, text: &str) -> anyhow::Result<u64> {
     Ok(n * mult)
 }
 
+/// A size flag that must carry a unit: a bare number below 1 MiB is an error (`--reserve a=3`
+/// is three bytes, never what was meant); a bare byte count above that is taken as written.
+/// Decimal units are read as written and said so on stderr.
+fn parse_flag_size(flag: &str, text: &str) -> anyhow::Result<u64> {
+    parse_sized(flag, text, text)
+}
+
+/// [`parse_flag_size`] for a size that is part of a longer value (`NAME=SIZE`): errors show `whole`.
+fn parse_sized(flag: &str, whole: &str, text: &str) -> anyhow::Result<u64> {
+    let bytes = parse_size(text).with_context(|| format!("invalid {flag} '{whole}'"))?;
+    match size_unit(text) {
+        Some(SizeUnit::Bare) if bytes < MIB => bail!(
+            "invalid {flag} '{whole}': a size needs a unit, e.g. {n}GiB or {n}MiB (a bare number is bytes)",
+            n = text.trim()
+        ),
+        Some(SizeUnit::Decimal) => note_decimal(flag, text, bytes),
+        _ => {}
+    }
+    Ok(bytes)
+}
+
+/// Says how a decimal size was read (`24GB` is 24 × 10⁹ bytes, 22.35 GiB).
+fn note_decimal(flag: &str, text: &str, bytes: u64) {
+    eprintln!(
+        "headroom: note: {flag} '{}' read as {} bytes ({:.2} GiB); GB is 10^9 bytes, GiB is 2^30",
+        text.trim(),
+        thousands(bytes),
+        gib(bytes)
+    );
+}
+
+/// Cards sold as "24 GB" have 24 GiB: a whole number of decimal GB is probably that figure.
+fn warn_marketing_size(text: &str, bytes: u64) {
+    let whole_gb = bytes.is_multiple_of(1_000_000_000);
+    if size_unit(text) == Some(SizeUnit::Decimal) && whole_gb {
+        let n = bytes / 1_000_000_000;
+        eprintln!(
+            "headroom: warning: --gpu '{}' looks like the figure a card is sold with; such cards have {n} GiB ({} bytes): write --gpu {n}GiB, or the card's name (headroom plan --list gpus)",
+            text.trim(),
+            thousands(n * GIB)
+        );
+    }
+}
+
 fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
     if let Some((name, size)) = text.split_once('=') {
         let name = name.trim();
         if name.is_empty() {
             bail!("invalid --reserve '{text}': expected NAME=SIZE or a profile name");
         }
-        let bytes = parse_size(size).with_context(|| format!("invalid --reserve '{text}'"))?;
+        let bytes = parse_sized("--reserve", text, size)?;
         return Ok(Reservation {
             name: name.to_string(),
             bytes,
@@ -144,6 +200,22 @@ fn parse_reserve(text: &str) -> anyhow::Result<Reservation> {
     }
 }
 
+/// Every `--reserve`; two with one name are an error (they would be summed without a word).
+fn reservations(flags: &[String]) -> anyhow::Result<Vec<Reservation>> {
+    let mut out: Vec<Reservation> = Vec::new();
+    for text in flags {
+        let r = parse_reserve(text)?;
+        if out.iter().any(|o| o.name.eq_ignore_ascii_case(&r.name)) {
+            bail!(
+                "--reserve '{}' is given twice: one --reserve per tenant (give the total once, or two names)",
+                r.name
+            );
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
 /// GPU 0 of this machine, read through NVML.
 fn local_gpu() -> anyhow::Result<headroom_gpu::DeviceSnapshot> {
     use headroom_gpu::GpuProbe;
@@ -158,13 +230,54 @@ fn local_gpu() -> anyhow::Result<headroom_gpu::DeviceSnapshot> {
         .context("no --gpu given and NVML lists no GPU; name one with --gpu")
 }
 
-/// `--gpu`: a catalog name first ("3090" is a card, not 3,090 bytes), else a size.
+/// Catalog GPUs whose name or alias contains `gpu` (vendor words and punctuation ignored).
+fn gpus_containing(gpu: &str) -> Vec<&'static headroom_inspect::catalog::CatalogGpu> {
+    let norm = |s: &str| {
+        headroom_inspect::catalog::normalize(s)
+            .replace("nvidia", "")
+            .replace("geforce", "")
+    };
+    let key = norm(gpu);
+    if key.is_empty() || key.chars().all(|c| c.is_ascii_digit()) && size_unit(gpu).is_some() {
+        return Vec::new();
+    }
+    headroom_inspect::catalog::gpus()
+        .iter()
+        .filter(|g| {
+            std::iter::once(&g.name)
+                .chain(g.aliases.iter())
+                .any(|n| norm(n).contains(&key))
+        })
+        .collect()
+}
+
+/// `--gpu`: a catalog name first ("3090" is a card, not 3,090 bytes), then a name that matches
+/// one card only (several: an error naming them), else a size.
 fn gpu_from_flag(gpu: &str) -> anyhow::Result<(Option<String>, u64)> {
     if let Some(g) = find_gpu(gpu) {
         return Ok((Some(g.name.clone()), g.cuda_visible_bytes()));
     }
+    if parse_size(gpu).is_err() {
+        match gpus_containing(gpu).as_slice() {
+            [one] => return Ok((Some(one.name.clone()), one.cuda_visible_bytes())),
+            [] => {}
+            many => bail!(
+                "ambiguous --gpu '{gpu}': it matches {}; name one of them",
+                many.iter()
+                    .map(|g| g.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
     match parse_size(gpu) {
-        Ok(bytes) if bytes >= GIB => Ok((None, bytes)),
+        Ok(bytes) if bytes >= GIB => {
+            if size_unit(gpu) == Some(SizeUnit::Decimal) {
+                note_decimal("--gpu", gpu, bytes);
+                warn_marketing_size(gpu, bytes);
+            }
+            Ok((None, bytes))
+        }
         Ok(_) => bail!(
             "invalid --gpu '{gpu}': a GPU smaller than 1 GiB (did you mean a size such as {}GiB?)",
             gpu.trim()
@@ -181,6 +294,12 @@ fn gpu_from_flag(gpu: &str) -> anyhow::Result<(Option<String>, u64)> {
                 .join(", ")
         ),
     }
+}
+
+/// vLLM reads `VLLM_ALLOW_LONG_MAX_MODEL_LEN` as true for `1` or `true` (any case).
+fn allow_long_max_model_len() -> bool {
+    std::env::var("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+        .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
 }
 
 /// Turns raw flags into a request; every malformed value is an error naming its flag.
@@ -207,9 +326,8 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.kv_cache_memory = args
         .kv_cache_memory
         .as_deref()
-        .map(parse_size)
-        .transpose()
-        .context("invalid --kv-cache-memory")?;
+        .map(|t| parse_flag_size("--kv-cache-memory", t))
+        .transpose()?;
     req.max_model_len = args
         .max_model_len
         .as_deref()
@@ -253,24 +371,20 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.block_size = args.block_size;
     req.enforce_eager = args.enforce_eager;
     req.hybrid_kv_manager = !args.disable_hybrid_kv_cache_manager;
-    req.reservations = args
-        .reserve
-        .iter()
-        .map(|r| parse_reserve(r))
-        .collect::<anyhow::Result<_>>()?;
+    req.reservations = reservations(&args.reserve)?;
     req.other_used_bytes = args
         .other_used
         .as_deref()
-        .map(parse_size)
-        .transpose()
-        .context("invalid --other-used")?
+        .map(|t| parse_flag_size("--other-used", t))
+        .transpose()?
         .or(live_other_used)
         .unwrap_or(0);
-    req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
+    req.safety_margin_bytes = parse_flag_size("--safety-margin", &args.safety_margin)?;
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
     req.fill = args.fill;
     req.kv_slack = parse_fraction("kv-slack", &args.kv_slack)?;
+    req.allow_long_max_model_len = allow_long_max_model_len();
     Ok(req)
 }
 
@@ -316,7 +430,12 @@ fn render_sizing(plan: &Plan) -> String {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    if let Some(what) = args.list {
+        emit(&catalog_list(what)).context("writing the list")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let req = request(&args)?;
+    super::check_model_path(&args.model)?;
     if args.engine == Engine::Llamacpp {
         return super::plan_llamacpp::run(&args, &req);
     }
@@ -327,11 +446,15 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
-    match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-        Format::Shell => println!("{}", command_line(&plan)),
-        Format::Table => print!("{}", render_table(&plan)),
-    }
+    let text = match args.format {
+        Format::Json => format!("{}\n", serde_json::to_string_pretty(&plan)?),
+        // Nothing runnable for a plan that does not fit: `$(headroom plan … --format shell)`
+        // must not start a server that fails.
+        Format::Shell if plan.fits => format!("{}\n", command_line(&plan)),
+        Format::Shell => String::new(),
+        Format::Table => render_table(&plan),
+    };
+    emit(&text).context("writing the plan")?;
     if plan.fits {
         Ok(ExitCode::SUCCESS)
     } else {
@@ -482,6 +605,15 @@ pub fn render_table(plan: &Plan) -> String {
     }
     let _ = writeln!(out);
     match &plan.failure {
+        _ if !plan.refused.is_empty() => {
+            let _ = writeln!(
+                out,
+                "verdict: vLLM REFUSES these settings before it allocates anything:"
+            );
+            for r in &plan.refused {
+                let _ = writeln!(out, "  {r}");
+            }
+        }
         None if plan.fits => {
             let _ = writeln!(out, "verdict: fits");
         }
@@ -502,23 +634,38 @@ pub fn render_table(plan: &Plan) -> String {
         }
     }
     if !plan.options.is_empty() {
-        let _ = writeln!(out, "options:");
+        let _ = writeln!(
+            out,
+            "options (each planned again with the change applied; all fit, cheapest first):"
+        );
         for o in &plan.options {
             let _ = writeln!(
                 out,
-                "  {:<20} {:<44} needs {:>7.2} GiB, {} × {} tokens{}  [{}]",
+                "  {}: {}\n      re-planned: utilization {:.2}, {:.2} GiB of the card, {} × {} tokens  [{}]",
                 o.option,
                 o.description,
+                o.gpu_memory_utilization,
                 gib(o.memory_needed_bytes),
                 o.concurrency,
                 thousands(o.max_model_len),
-                if o.fits { ", fits" } else { ", does not fit" },
-                o.vllm_args.join(" ")
+                o.headroom_args.join(" ")
             );
         }
+    } else if !plan.fits {
+        let _ = writeln!(
+            out,
+            "options: none found (utilization, context, sequences, fp8 KV, quantized weights and TP tried)"
+        );
     }
     let _ = writeln!(out);
-    let _ = writeln!(out, "{}", command_line(plan));
+    if plan.fits {
+        let _ = writeln!(out, "{}", command_line(plan));
+    } else {
+        let _ = writeln!(
+            out,
+            "nothing to run: this plan does not fit; add one option's flags above and plan again"
+        );
+    }
     let _ = writeln!(
         out,
         "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}",
@@ -526,6 +673,35 @@ pub fn render_table(plan: &Plan) -> String {
     );
     for w in &plan.warnings {
         let _ = writeln!(out, "note: {w}");
+    }
+    out
+}
+
+/// `--list models|gpus|reserves`: one entry per line, name first, then what it is.
+fn catalog_list(what: ListWhat) -> String {
+    let mut out = String::new();
+    match what {
+        ListWhat::Models => {
+            for m in headroom_inspect::catalog::models() {
+                let kind = m.kind.as_deref().unwrap_or("text");
+                let _ = writeln!(out, "{:<48} {kind}", m.id);
+            }
+        }
+        ListWhat::Gpus => {
+            for g in headroom_inspect::catalog::gpus() {
+                let _ = writeln!(
+                    out,
+                    "{:<40} {:>7.2} GiB visible to CUDA",
+                    g.name,
+                    gib(g.cuda_visible_bytes())
+                );
+            }
+        }
+        ListWhat::Reserves => {
+            for p in reserve_profiles() {
+                let _ = writeln!(out, "{:<28} {:>6.2} GiB  {}", p.name, gib(p.bytes), p.stack);
+            }
+        }
     }
     out
 }

@@ -159,7 +159,7 @@ fn render_text(state: &TopState) -> anyhow::Result<String> {
     };
     let height = (1 + gpu_rows.max(3) + lane_rows + 1).min(u16::MAX as usize) as u16;
     let mut terminal = Terminal::new(TestBackend::new(width, height))?;
-    terminal.draw(|frame| render(frame, state))?;
+    terminal.draw(|frame| draw(frame, state))?;
     let buffer = terminal.backend().buffer();
     let mut out = String::new();
     for row in buffer.content().chunks(width as usize) {
@@ -168,6 +168,18 @@ fn render_text(state: &TopState) -> anyhow::Result<String> {
         out.push('\n');
     }
     Ok(format!("{}\n", out.trim_end_matches('\n')))
+}
+
+/// Draws the screen; with `--color never` or `NO_COLOR` every cell keeps its text and loses its
+/// colour (bold and other modifiers stay: they are not colour).
+fn draw(frame: &mut ratatui::Frame, state: &TopState) {
+    render(frame, state);
+    if !super::color_enabled() {
+        for cell in frame.buffer_mut().content.iter_mut() {
+            cell.fg = ratatui::style::Color::Reset;
+            cell.bg = ratatui::style::Color::Reset;
+        }
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -297,7 +309,7 @@ fn interactive_live(args: &TopArgs, gateway: Option<Gateway>) -> anyhow::Result<
                     };
                 }
             }
-            terminal.draw(|frame| render(frame, &state))?;
+            terminal.draw(|frame| draw(frame, &state))?;
             if args.duration.is_some_and(|d| started.elapsed() >= d) {
                 return Ok(());
             }
@@ -349,7 +361,7 @@ fn interactive_replay(
                     };
                 }
             }
-            terminal.draw(|frame| render(frame, &state))?;
+            terminal.draw(|frame| draw(frame, &state))?;
             if duration.is_some_and(|d| started.elapsed() >= d) {
                 return Ok(());
             }

@@ -2,10 +2,13 @@
 //! on 127.0.0.1.
 
 mod bench;
+mod cli;
 mod deploy;
 mod doctor;
 mod doctor_live;
+mod inputs;
 mod plan;
+mod plan_fixes;
 mod plan_llamacpp;
 mod plan_v2;
 mod serve;

@@ -310,8 +310,9 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
             "seq_length",
         ],
     )
-    .or_else(|| u(root, "max_position_embeddings"))
-    .unwrap_or(4096);
+    .or_else(|| u(root, "max_position_embeddings"));
+    let positions_known = max_pos.is_some();
+    let max_pos = max_pos.unwrap_or(4096);
     let tie = b(text, "tie_word_embeddings")
         .or_else(|| b(root, "tie_word_embeddings"))
         .unwrap_or(model_type.starts_with("gemma"));
@@ -356,6 +357,7 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         vocab_size: vocab,
         tie_word_embeddings: tie,
         max_position_embeddings: max_pos,
+        positions_known,
         sliding_window,
         num_sliding_layers,
         mla,
@@ -408,6 +410,7 @@ fn whisper_spec(
         vocab_size: vocab,
         tie_word_embeddings: true,
         max_position_embeddings: target_positions,
+        positions_known: true,
         sliding_window: None,
         num_sliding_layers: 0,
         mla: None,

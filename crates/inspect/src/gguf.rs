@@ -314,6 +314,7 @@ impl GgufMeta {
             max_position_embeddings: self
                 .get_u(&format!("{arch}.context_length"))
                 .unwrap_or(4096),
+            positions_known: self.get_u(&format!("{arch}.context_length")).is_some(),
             sliding_window: sliding,
             num_sliding_layers: if sliding.is_some() { layers } else { 0 },
             mla: None,

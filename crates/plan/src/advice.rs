@@ -2,10 +2,17 @@
 //! start or ran out of memory, compute the flag values that would have fitted (utilization that
 //! the free memory allows, the `max_model_len` the KV pool holds at block granularity, the
 //! utilization that would give the KV pool a full sequence, how many sequences a warm-up fits),
-//! and compare a measured memory breakdown with a predicted one. Everything is pure: callers hand
-//! in numbers, nothing here reads logs or devices.
+//! and compare a measured memory breakdown with a predicted one; and, for a plan that misses,
+//! search the changes that make it fit, each planned again with the change applied
+//! ([`verified_options`]). Everything is pure: callers hand in numbers, nothing here reads logs
+//! or devices.
 
 use serde::Serialize;
+
+use crate::kv::KvCacheDtype;
+use crate::spec::{Dtype, ModelSpec, QuantScheme};
+use crate::units::thousands;
+use crate::vllm::{FitOption, MAX_PROPOSED_UTILIZATION, Plan, PlanRequest, plan_unadvised};
 
 /// Bytes in one GiB, the unit vLLM and PyTorch print.
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -266,6 +273,395 @@ pub fn compare_breakdowns(
             })
         })
         .collect()
+}
+
+/// One flag change an option is made of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change {
+    Utilization(f64),
+    MaxModelLen(u64),
+    MaxNumSeqs(u64),
+    TargetConcurrency(u64),
+    KvFp8,
+    Quantization(QuantScheme),
+    TensorParallel(u64),
+    BlockSize(u64),
+}
+
+impl Change {
+    /// Applies the change to a request, the way the flag would.
+    pub fn apply(self, req: &mut PlanRequest) {
+        match self {
+            Change::Utilization(u) => req.gpu_memory_utilization = Some(u),
+            Change::MaxModelLen(l) => req.max_model_len = Some(l),
+            Change::MaxNumSeqs(n) => req.max_num_seqs = Some(n),
+            Change::TargetConcurrency(n) => req.target_concurrency = Some(n),
+            Change::KvFp8 => req.kv_cache_dtype = KvCacheDtype::Fp8,
+            Change::Quantization(q) => req.quantization = Some(q),
+            Change::TensorParallel(t) => req.tensor_parallel_size = t,
+            Change::BlockSize(b) => req.block_size = b,
+        }
+    }
+
+    /// The `headroom plan` flag and value.
+    fn headroom_flag(self) -> [String; 2] {
+        let (flag, value) = match self {
+            Change::Utilization(u) => ("--gpu-memory-utilization", format!("{u:.2}")),
+            Change::MaxModelLen(l) => ("--max-model-len", l.to_string()),
+            Change::MaxNumSeqs(n) => ("--max-num-seqs", n.to_string()),
+            Change::TargetConcurrency(n) => ("--target-concurrency", n.to_string()),
+            Change::KvFp8 => ("--kv-cache-dtype", "fp8".to_string()),
+            Change::Quantization(q) => ("--quantization", q.label().to_string()),
+            Change::TensorParallel(t) => ("--tensor-parallel-size", t.to_string()),
+            Change::BlockSize(b) => ("--block-size", b.to_string()),
+        };
+        [flag.to_string(), value]
+    }
+
+    /// The `vllm serve` flag and value.
+    fn vllm_flag(self) -> [String; 2] {
+        match self {
+            Change::TargetConcurrency(n) => ["--max-num-seqs".into(), n.to_string()],
+            Change::Quantization(q) => [
+                "--quantization".into(),
+                q.vllm_name().unwrap_or("none").to_string(),
+            ],
+            other => other.headroom_flag(),
+        }
+    }
+
+    /// Short name and cost rank: cheaper changes (no hardware, no quality cost) rank lower.
+    fn name_and_rank(self) -> (String, u8) {
+        match self {
+            Change::BlockSize(_) => ("block_size".into(), 0),
+            Change::Utilization(_) => ("utilization".into(), 1),
+            Change::KvFp8 => ("fp8_kv_cache".into(), 2),
+            Change::MaxNumSeqs(_) | Change::TargetConcurrency(_) => ("fewer_sequences".into(), 3),
+            Change::MaxModelLen(_) => ("shorter_context".into(), 4),
+            Change::Quantization(QuantScheme::Fp8) => ("fp8_weights".into(), 5),
+            Change::Quantization(q) => (format!("{}_weights", q.label().replace('-', "_")), 6),
+            Change::TensorParallel(t) => (format!("tensor_parallel_{t}"), 7),
+        }
+    }
+
+    fn describe(self, spec: &ModelSpec) -> String {
+        match self {
+            Change::BlockSize(b) => format!("use vLLM's block size {b}"),
+            Change::Utilization(u) => format!("set the utilization to {u:.2}"),
+            Change::KvFp8 => "store the KV cache in fp8 (half the bytes per token)".into(),
+            Change::MaxNumSeqs(n) => format!("run at most {n} sequences at once"),
+            Change::TargetConcurrency(n) => format!("serve {n} full-length sequences at once"),
+            Change::MaxModelLen(l) => format!("cap the context at {} tokens", thousands(l)),
+            Change::Quantization(q) if q == spec.quantization.scheme => {
+                format!("keep the checkpoint's {} quantization", q.label())
+            }
+            Change::Quantization(QuantScheme::Fp8) => {
+                "quantize the weights to fp8 at load time".into()
+            }
+            Change::Quantization(q) => format!(
+                "quantize the weights with {} at load time (weights estimated)",
+                q.label()
+            ),
+            Change::TensorParallel(t) => {
+                format!("split the model over {t} such GPUs (figures per GPU)")
+            }
+        }
+    }
+}
+
+/// The re-plan of `req` with `changes` applied, when it fits.
+fn fitting_replan(spec: &ModelSpec, req: &PlanRequest, changes: &[Change]) -> Option<Plan> {
+    let mut v = req.clone();
+    for c in changes {
+        c.apply(&mut v);
+    }
+    plan_unadvised(spec, &v).ok().filter(|p| p.fits)
+}
+
+/// Changes every option must carry because vLLM refuses the request as given: an invalid block
+/// size, a TP size that does not divide the heads (the largest smaller one that does), a
+/// quantization the checkpoint does not have.
+fn repairs(spec: &ModelSpec, req: &PlanRequest) -> Vec<Change> {
+    let mut out = Vec::new();
+    if !crate::vllm::VALID_BLOCK_SIZES.contains(&req.block_size) {
+        out.push(Change::BlockSize(crate::vllm::DEFAULT_BLOCK_SIZE));
+    }
+    let heads = spec.num_attention_heads.max(1);
+    let tp = req.tensor_parallel_size.max(1);
+    if !heads.is_multiple_of(tp) {
+        let smaller = (1..tp)
+            .rev()
+            .find(|t| heads.is_multiple_of(*t))
+            .unwrap_or(1);
+        out.push(Change::TensorParallel(smaller));
+    }
+    if let Some(q) = req.quantization
+        && q != spec.quantization.scheme
+        && q != QuantScheme::None
+        && (spec.quantization.scheme != QuantScheme::None
+            || !matches!(q, QuantScheme::Fp8 | QuantScheme::Bnb4 | QuantScheme::Bnb8))
+    {
+        out.push(Change::Quantization(spec.quantization.scheme));
+    }
+    out
+}
+
+/// The largest utilization (two decimals, at most [`MAX_PROPOSED_UTILIZATION`]) that fits.
+fn best_utilization(spec: &ModelSpec, req: &PlanRequest, base: &[Change]) -> Option<Change> {
+    let top = (MAX_PROPOSED_UTILIZATION * 100.0).round() as u64;
+    (1..=top).rev().map(|c| c as f64 / 100.0).find_map(|u| {
+        let mut changes = base.to_vec();
+        changes.push(Change::Utilization(u));
+        fitting_replan(spec, req, &changes).map(|_| Change::Utilization(u))
+    })
+}
+
+/// The largest safe utilization beside the co-tenants (from the plan with `base` applied, at
+/// most [`MAX_PROPOSED_UTILIZATION`]), when it differs from the one the plan uses.
+fn safe_utilization(spec: &ModelSpec, req: &PlanRequest, base: &[Change]) -> Option<Change> {
+    let mut v = req.clone();
+    for c in base {
+        c.apply(&mut v);
+    }
+    let p = plan_unadvised(spec, &v).ok()?;
+    let safe = p
+        .largest_safe_gpu_memory_utilization
+        .min(MAX_PROPOSED_UTILIZATION);
+    (safe > 0.0 && (safe - p.gpu_memory_utilization).abs() > 0.005)
+        .then_some(Change::Utilization(safe))
+}
+
+/// The largest value in `1..=upper` for which `make(value)` fits, assuming smaller values fit
+/// at least as well (binary search, then the answer is re-checked by the caller's re-plan).
+fn largest_fitting(
+    spec: &ModelSpec,
+    req: &PlanRequest,
+    base: &[Change],
+    upper: u64,
+    make: impl Fn(u64) -> Change,
+) -> Option<Change> {
+    let fits = |n: u64| {
+        let mut changes = base.to_vec();
+        changes.push(make(n));
+        fitting_replan(spec, req, &changes).is_some()
+    };
+    if upper == 0 || !fits(1) {
+        return None;
+    }
+    let (mut lo, mut hi) = (1, upper);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) { lo = mid } else { hi = mid - 1 }
+    }
+    Some(make(lo))
+}
+
+/// The longest context (whole blocks, never above what vLLM accepts) that fits.
+fn best_context(
+    spec: &ModelSpec,
+    req: &PlanRequest,
+    base: &[Change],
+    current: &Plan,
+) -> Option<Change> {
+    let mut v = req.clone();
+    for c in base {
+        c.apply(&mut v);
+    }
+    let block = v.block_size.max(1);
+    let mut upper = current.max_model_len;
+    if !v.allow_long_max_model_len && spec.positions_known && spec.max_position_embeddings > 0 {
+        upper = upper.min(spec.max_position_embeddings);
+    }
+    let blocks = upper / block;
+    let found = largest_fitting(spec, req, base, blocks, |b| Change::MaxModelLen(b * block))?;
+    match found {
+        Change::MaxModelLen(l) if l < current.max_model_len => Some(found),
+        _ => None,
+    }
+}
+
+/// The most sequences that fit, below the current count: `--target-concurrency` when the request
+/// names one, else `--max-num-seqs`.
+fn best_sequences(
+    spec: &ModelSpec,
+    req: &PlanRequest,
+    base: &[Change],
+    current: &Plan,
+) -> Option<Change> {
+    match req.target_concurrency {
+        Some(n) if n > 1 => largest_fitting(spec, req, base, n - 1, Change::TargetConcurrency),
+        Some(_) => None,
+        None if current.max_num_seqs > 1 => largest_fitting(
+            spec,
+            req,
+            base,
+            current.max_num_seqs - 1,
+            Change::MaxNumSeqs,
+        ),
+        None => None,
+    }
+}
+
+/// Structural changes worth trying: fp8 KV, weights quantized at load time, more GPUs.
+fn structural_changes(spec: &ModelSpec, req: &PlanRequest) -> Vec<Change> {
+    let mut out = Vec::new();
+    if req.kv_cache_dtype != KvCacheDtype::Fp8 {
+        out.push(Change::KvFp8);
+    }
+    let scheme = req.quantization.unwrap_or(spec.quantization.scheme);
+    let sixteen_bit = matches!(
+        req.dtype.unwrap_or(spec.dtype),
+        Dtype::Bf16 | Dtype::F16 | Dtype::F32
+    );
+    if scheme == QuantScheme::None && spec.quantization.scheme == QuantScheme::None && sixteen_bit {
+        out.push(Change::Quantization(QuantScheme::Fp8));
+        out.push(Change::Quantization(QuantScheme::Bnb4));
+    }
+    let heads = spec.num_attention_heads.max(1);
+    let tp = req.tensor_parallel_size.max(1);
+    if let Some(t) = [2u64, 4, 8]
+        .into_iter()
+        .find(|t| *t > tp && heads.is_multiple_of(*t))
+    {
+        out.push(Change::TensorParallel(t));
+    }
+    out
+}
+
+fn to_option(spec: &ModelSpec, changes: &[Change], p: &Plan) -> FitOption {
+    let names: Vec<String> = changes.iter().map(|c| c.name_and_rank().0).collect();
+    let descriptions: Vec<String> = changes.iter().map(|c| c.describe(spec)).collect();
+    FitOption {
+        option: names.join("+"),
+        description: descriptions.join(", "),
+        vllm_args: changes.iter().flat_map(|c| c.vllm_flag()).collect(),
+        headroom_args: changes.iter().flat_map(|c| c.headroom_flag()).collect(),
+        memory_needed_bytes: p.device_peak_bytes + p.safety_margin_bytes,
+        fits: true,
+        gpu_memory_utilization: p.gpu_memory_utilization,
+        max_model_len: p.max_model_len,
+        concurrency: p.max_concurrency.floor() as u64,
+    }
+}
+
+/// (cost rank, change count, changes, re-plan, family: which structural change it builds on).
+type Found = Vec<(u8, usize, Vec<Change>, Plan, usize)>;
+
+/// Records `changes` with its re-plan when that re-plan fits.
+fn found_alone(spec: &ModelSpec, req: &PlanRequest, changes: &[Change], found: &mut Found) {
+    if let Some(p) = fitting_replan(spec, req, changes) {
+        let rank = changes
+            .iter()
+            .map(|c| c.name_and_rank().1)
+            .max()
+            .unwrap_or(0);
+        found.push((rank, changes.len(), changes.to_vec(), p, 0));
+    }
+}
+
+/// True when `o` makes every change `e` makes, and more, without a longer context or more
+/// sequences to show for it.
+fn adds_nothing(o: &FitOption, e: &FitOption) -> bool {
+    let mine: Vec<&str> = o.option.split('+').collect();
+    e.option.split('+').all(|k| mine.contains(&k))
+        && o.max_model_len <= e.max_model_len
+        && o.concurrency <= e.concurrency
+}
+
+/// Most options printed.
+pub const MAX_OPTIONS: usize = 8;
+
+/// Every change (alone, or a structural change with the utilization, the sequence count or the
+/// context adjusted on top) that makes `req` fit, planned again with the change applied and
+/// reported with that plan's figures; cheapest first. Options that do not fit are left out.
+pub fn verified_options(spec: &ModelSpec, req: &PlanRequest) -> Vec<FitOption> {
+    let fixes = repairs(spec, req);
+    let Ok(current) = plan_unadvised(spec, req) else {
+        return Vec::new();
+    };
+    let mut bases: Vec<Vec<Change>> = vec![fixes.clone()];
+    for s in structural_changes(spec, req) {
+        let mut b: Vec<Change> = fixes
+            .iter()
+            .copied()
+            .filter(|f| {
+                !matches!(
+                    (f, s),
+                    (Change::TensorParallel(_), Change::TensorParallel(_))
+                )
+            })
+            .collect();
+        b.push(s);
+        bases.push(b);
+    }
+    let mut found: Found = Vec::new();
+    for (family, base) in bases.iter().enumerate() {
+        let before = found.len();
+        let mut candidates: Vec<Vec<Change>> = Vec::new();
+        if !base.is_empty() {
+            candidates.push(base.clone());
+            // A change that fits alone needs nothing tuned on top.
+            if fitting_replan(spec, req, base).is_some() {
+                found_alone(spec, req, base, &mut found);
+                continue;
+            }
+        }
+        let tuned = [
+            best_utilization(spec, req, base),
+            best_sequences(spec, req, base, &current),
+            best_context(spec, req, base, &current),
+        ];
+        for t in tuned.into_iter().flatten() {
+            if !matches!(t, Change::Utilization(u) if req.gpu_memory_utilization == Some(u)) {
+                let mut c = base.clone();
+                c.push(t);
+                candidates.push(c);
+            }
+        }
+        // A given utilization that is too high for the co-tenants: lower it to the largest safe
+        // one, then fit the context or the sequence count into what that leaves.
+        if let Some(safe) = safe_utilization(spec, req, base) {
+            let mut with_util = base.clone();
+            with_util.push(safe);
+            for t in [
+                best_sequences(spec, req, &with_util, &current),
+                best_context(spec, req, &with_util, &current),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let mut c = with_util.clone();
+                c.push(t);
+                candidates.push(c);
+            }
+        }
+        for changes in candidates {
+            found_alone(spec, req, &changes, &mut found);
+        }
+        for f in &mut found[before..] {
+            f.4 = family;
+        }
+    }
+    // The cheapest (by the dearest change an option makes), then the fewest changes; the first
+    // of equal ones wins.
+    found.sort_by_key(|(rank, n, ..)| (*rank, *n));
+    // Every tuning of the request as it is, then the best one of each structural change, so
+    // that fp8 KV, quantized weights and more GPUs each get a line.
+    let mut out: Vec<FitOption> = Vec::new();
+    let mut families_seen = Vec::new();
+    for (_, _, changes, p, family) in found {
+        if family > 0 && families_seen.contains(&family) {
+            continue;
+        }
+        let o = to_option(spec, &changes, &p);
+        if out.iter().any(|e| adds_nothing(&o, e)) {
+            continue;
+        }
+        families_seen.push(family);
+        out.push(o);
+    }
+    out.truncate(MAX_OPTIONS);
+    out
 }
 
 #[cfg(test)]

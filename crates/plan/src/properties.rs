@@ -105,3 +105,109 @@ proptest! {
         }
     }
 }
+
+/// Applies `headroom plan` flags the way the command line reads them (a mapping written here,
+/// independent of the option search that produced them).
+fn apply_flags(req: &mut PlanRequest, args: &[String]) {
+    use crate::spec::QuantScheme;
+    assert!(
+        args.len().is_multiple_of(2),
+        "flags come in pairs: {args:?}"
+    );
+    for pair in args.chunks(2) {
+        let v = pair[1].as_str();
+        match pair[0].as_str() {
+            "--gpu-memory-utilization" => req.gpu_memory_utilization = Some(v.parse().unwrap()),
+            "--max-model-len" => req.max_model_len = Some(v.parse().unwrap()),
+            "--max-num-seqs" => req.max_num_seqs = Some(v.parse().unwrap()),
+            "--target-concurrency" => req.target_concurrency = Some(v.parse().unwrap()),
+            "--kv-cache-dtype" => req.kv_cache_dtype = KvCacheDtype::parse(v).unwrap(),
+            "--quantization" => req.quantization = Some(QuantScheme::parse(v).unwrap()),
+            "--tensor-parallel-size" => req.tensor_parallel_size = v.parse().unwrap(),
+            "--block-size" => req.block_size = v.parse().unwrap(),
+            other => panic!("an option used a flag headroom plan does not take: {other}"),
+        }
+    }
+}
+
+/// A random request on a random card: utilization given or not, co-tenants, context, sequences,
+/// KV dtype, TP (valid or not), block size (valid or not), target concurrency.
+fn random_request() -> impl Strategy<Value = PlanRequest> {
+    (
+        (
+            8u64..=96,
+            prop::option::of(30u64..=98),
+            0u64..=12,
+            prop::option::of(8u64..=18),
+        ),
+        (
+            prop::option::of(1u64..=300),
+            any::<bool>(),
+            1u64..=4,
+            prop::sample::select(vec![16u64, 16, 32, 7]),
+        ),
+        (prop::option::of(1u64..=64), any::<bool>()),
+    )
+        .prop_map(
+            |((gib, util, co_gib, len_shift), (seqs, fp8, tp, block), (target, allow_long))| {
+                let mut req = PlanRequest::new(gib * GIB);
+                req.gpu_memory_utilization = util.map(|u| u as f64 / 100.0);
+                if co_gib > 0 {
+                    req.reservations.push(crate::vllm::Reservation {
+                        name: "audio".into(),
+                        bytes: co_gib * GIB,
+                        why: "property test".into(),
+                    });
+                }
+                req.safety_margin_bytes = 256 * MIB;
+                req.max_model_len = len_shift.map(|s| 1u64 << s);
+                req.max_num_seqs = seqs;
+                if fp8 {
+                    req.kv_cache_dtype = KvCacheDtype::Fp8;
+                }
+                req.tensor_parallel_size = tp;
+                req.block_size = block;
+                req.target_concurrency = target;
+                req.allow_long_max_model_len = allow_long;
+                req
+            },
+        )
+}
+
+proptest! {
+    // Seeded: the same cases on every run and every machine.
+    #![proptest_config(ProptestConfig {
+        cases: 400,
+        rng_algorithm: proptest::test_runner::RngAlgorithm::ChaCha,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(14),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn every_offered_option_fits_when_applied_and_planned_again(
+        spec in dense_model(),
+        mut req in random_request(),
+        positions in prop::sample::select(vec![4096u64, 32_768, 131_072]),
+    ) {
+        let mut spec = spec;
+        spec.max_position_embeddings = positions;
+        // Models with more heads than the random TP would get; keep the shapes valid.
+        req.tensor_parallel_size = req.tensor_parallel_size.min(spec.num_attention_heads);
+        let p = plan(&spec, &req).unwrap();
+        if p.fits {
+            prop_assert!(p.options.is_empty());
+        }
+
+        for o in &p.options {
+            let mut applied = req.clone();
+            apply_flags(&mut applied, &o.headroom_args);
+            let again = plan(&spec, &applied).unwrap();
+            prop_assert!(again.fits, "option {} {:?} does not fit when applied: {:?} {:?}",
+                o.option, o.headroom_args, again.failure, again.refused);
+            prop_assert_eq!(again.device_peak_bytes + again.safety_margin_bytes, o.memory_needed_bytes);
+            prop_assert_eq!(again.max_model_len, o.max_model_len);
+            prop_assert_eq!(again.gpu_memory_utilization, o.gpu_memory_utilization);
+        }
+    }
+}

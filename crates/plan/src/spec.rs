@@ -77,7 +77,7 @@ impl QuantScheme {
             "none" | "" => Some(QuantScheme::None),
             "awq" | "awq_marlin" => Some(QuantScheme::Awq),
             "gptq" | "gptq_marlin" => Some(QuantScheme::Gptq),
-            "bnb-4bit" | "bnb4" | "nf4" => Some(QuantScheme::Bnb4),
+            "bnb-4bit" | "bnb4" | "nf4" | "bitsandbytes" => Some(QuantScheme::Bnb4),
             "bnb-8bit" | "bnb8" | "int8" => Some(QuantScheme::Bnb8),
             "fp8" | "fbgemm_fp8" | "compressed-tensors-fp8" => Some(QuantScheme::Fp8),
             "mxfp4" => Some(QuantScheme::Mxfp4),
@@ -234,6 +234,10 @@ pub struct ModelSpec {
     pub vocab_size: u64,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: u64,
+    /// False when the config names no position limit and `max_position_embeddings` is a
+    /// default: vLLM's refusal of longer lengths is then not predicted.
+    #[serde(default = "known")]
+    pub positions_known: bool,
     /// Layers that use sliding-window attention, and the window in tokens.
     pub sliding_window: Option<u64>,
     pub num_sliding_layers: u64,
@@ -247,6 +251,10 @@ pub struct ModelSpec {
     pub extra_params: u64,
     pub extra_dtype: Dtype,
     pub exact_weights: Option<ExactWeights>,
+}
+
+fn known() -> bool {
+    true
 }
 
 impl ModelSpec {
@@ -283,6 +291,7 @@ impl ModelSpec {
             vocab_size: vocab,
             tie_word_embeddings: false,
             max_position_embeddings: 131_072,
+            positions_known: true,
             sliding_window: None,
             num_sliding_layers: 0,
             mla: None,

@@ -64,6 +64,34 @@ pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     Ok(bytes.round() as u64)
 }
 
+/// Which kind of unit a size was written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeUnit {
+    /// No unit at all: a plain number of bytes.
+    Bare,
+    /// An explicit `B`.
+    Bytes,
+    /// Powers of 1024 (`GiB`, `G`, ...).
+    Binary,
+    /// Powers of 1000 (`GB`, `MB`, ...).
+    Decimal,
+}
+
+/// The unit `input` is written with (`None` when it is not a size [`parse_size`] reads).
+pub fn size_unit(input: &str) -> Option<SizeUnit> {
+    let text = input.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(text.len());
+    match text[split..].trim().to_ascii_lowercase().as_str() {
+        "" => Some(SizeUnit::Bare),
+        "b" => Some(SizeUnit::Bytes),
+        "k" | "kib" | "m" | "mib" | "g" | "gib" | "t" | "tib" => Some(SizeUnit::Binary),
+        "kb" | "mb" | "gb" | "tb" => Some(SizeUnit::Decimal),
+        _ => None,
+    }
+}
+
 /// What a bare number (no unit) means in a duration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BareNumber {
@@ -180,6 +208,16 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(32768), "32,768");
         assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn size_units_are_told_apart() {
+        assert_eq!(size_unit("3"), Some(SizeUnit::Bare));
+        assert_eq!(size_unit("3B"), Some(SizeUnit::Bytes));
+        assert_eq!(size_unit("24GiB"), Some(SizeUnit::Binary));
+        assert_eq!(size_unit("24g"), Some(SizeUnit::Binary));
+        assert_eq!(size_unit(" 24 GB"), Some(SizeUnit::Decimal));
+        assert_eq!(size_unit("24 parsecs"), None);
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct PlanRequest {
     pub fill: bool,
     /// Right-sizing slack for prefix caching, as a fraction of the bounded need (`--kv-slack`).
     pub kv_slack: f64,
+    /// `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1` is set: vLLM accepts a length above the model's positions.
+    pub allow_long_max_model_len: bool,
 }
 
 impl PlanRequest {
@@ -89,6 +91,7 @@ impl PlanRequest {
             target_concurrency: None,
             fill: false,
             kv_slack: DEFAULT_KV_SLACK,
+            allow_long_max_model_len: false,
         }
     }
 
@@ -262,17 +265,26 @@ pub const TRANSCRIPT_TOKENS_PER_MINUTE: u64 = 250;
 /// Tokens of instruction prompt budgeted around the audio.
 pub const ASR_PROMPT_TOKENS: u64 = 128;
 
-/// An alternative that would make a missed plan fit, with its numbers.
+/// A change that makes a missed plan fit: the request was planned again with it applied, and
+/// these are that plan's figures (see [`crate::advice::verified_options`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FitOption {
-    /// Short name: `fp8_kv_cache`, `4bit_checkpoint`, `shorter_context`, `fewer_sequences`, `tensor_parallel_2`.
+    /// Short name: `utilization`, `fp8_kv_cache`, `fewer_sequences`, `shorter_context`,
+    /// `fp8_weights`, `bnb_4bit_weights`, `tensor_parallel_N`, or several joined with `+`.
     pub option: String,
     pub description: String,
-    /// Flags that change.
+    /// vLLM flags that change (the re-planned `vllm serve` line carries them).
     pub vllm_args: Vec<String>,
+    /// Flags to add to the same `headroom plan` command to get that re-plan.
+    #[serde(default)]
+    pub headroom_args: Vec<String>,
+    /// Whole-card memory the re-plan needs (device peak + safety margin).
     pub memory_needed_bytes: u64,
+    /// Always true: options that do not fit are not offered.
     pub fits: bool,
+    pub gpu_memory_utilization: f64,
     pub max_model_len: u64,
+    /// Full-length sequences the re-planned KV pool holds at once.
     pub concurrency: u64,
 }
 
@@ -349,6 +361,10 @@ pub struct Plan {
     pub device_peak_bytes: u64,
     pub fits: bool,
     pub failure: Option<Failure>,
+    /// Settings vLLM rejects before it allocates anything (a TP size that does not divide the
+    /// heads, an invalid block size, ...); any entry makes `fits` false.
+    #[serde(default)]
+    pub refused: Vec<String>,
     pub shortfall_bytes: u64,
     pub estimated_max_model_len: Option<u64>,
     pub components: Vec<Component>,
@@ -413,9 +429,13 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     let default_len = spec.max_position_embeddings.max(1);
     let max_model_len = match req.max_model_len {
         Some(l) => {
-            if l > default_len {
+            if l > default_len && !spec.positions_known {
                 warnings.push(format!(
-                    "--max-model-len {l} is above the model's {default_len} positions; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+                    "the config names no position limit; {default_len} is assumed, and vLLM may refuse --max-model-len {l}"
+                ));
+            } else if l > default_len && req.allow_long_max_model_len {
+                warnings.push(format!(
+                    "--max-model-len {l} is above the model's {default_len} positions (allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); quality past the trained length is not guaranteed"
                 ));
             }
             l
@@ -424,7 +444,11 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     };
     let (default_mbt, default_seqs) =
         default_batching(req.gpu_total_bytes, req.gpu_name.as_deref());
-    let max_num_seqs = req.max_num_seqs.unwrap_or(default_seqs);
+    // A target concurrency is the sequence count to serve: the printed line carries it.
+    let max_num_seqs = req
+        .max_num_seqs
+        .or(req.target_concurrency)
+        .unwrap_or(default_seqs);
     let mbt = req
         .max_num_batched_tokens
         .unwrap_or(default_mbt)
@@ -450,8 +474,79 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     }
 }
 
-/// Predicts vLLM's memory for `spec` under `req`.
+/// vLLM's `--block-size` choices (`CacheConfig.block_size`).
+pub const VALID_BLOCK_SIZES: [u64; 7] = [1, 8, 16, 32, 64, 128, 256];
+
+/// What vLLM rejects at argument or config validation, in its terms.
+fn refusals(spec: &ModelSpec, req: &PlanRequest, r: &Resolved) -> Vec<String> {
+    let mut out = Vec::new();
+    let heads = spec.num_attention_heads;
+    if r.tp > 1 && heads > 0 && !heads.is_multiple_of(r.tp) {
+        out.push(format!(
+            "total number of attention heads ({heads}) must be divisible by tensor parallel size ({})",
+            r.tp
+        ));
+    }
+    if !VALID_BLOCK_SIZES.contains(&req.block_size) {
+        out.push(format!(
+            "--block-size {} is not one of {}",
+            req.block_size,
+            VALID_BLOCK_SIZES.map(|b| b.to_string()).join(", ")
+        ));
+    }
+    let positions = spec.max_position_embeddings;
+    if spec.positions_known
+        && positions > 0
+        && r.max_model_len > positions
+        && !req.allow_long_max_model_len
+    {
+        out.push(format!(
+            "--max-model-len {} is greater than the model's {positions} positions (set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to allow it, or shorten it)",
+            r.max_model_len
+        ));
+    }
+    if let Some(reason) = req.quantization.and_then(|q| quantization_refusal(spec, q)) {
+        out.push(reason);
+    }
+    out
+}
+
+/// A `--quantization` the checkpoint cannot be loaded with: one that disagrees with the method the
+/// checkpoint declares, or one that needs pre-quantized weights on an unquantized checkpoint
+/// (vLLM quantizes online only to fp8 and bitsandbytes).
+fn quantization_refusal(spec: &ModelSpec, q: QuantScheme) -> Option<String> {
+    let declared = spec.quantization.scheme;
+    if q == declared || q == QuantScheme::None {
+        return None;
+    }
+    let name = q.vllm_name().unwrap_or(q.label());
+    if declared != QuantScheme::None {
+        return Some(format!(
+            "the checkpoint declares {} quantization, which does not match --quantization {name}",
+            declared.label()
+        ));
+    }
+    match q {
+        QuantScheme::Fp8 | QuantScheme::Bnb4 | QuantScheme::Bnb8 => None,
+        _ => Some(format!(
+            "--quantization {name} needs a checkpoint quantized with {}; this one is unquantized (use a {} checkpoint of the model, or fp8 / bitsandbytes, which vLLM applies at load time)",
+            q.label(),
+            q.label()
+        )),
+    }
+}
+
+/// Predicts vLLM's memory for `spec` under `req`; when it misses, lists the verified options.
 pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let mut p = plan_unadvised(spec, req)?;
+    if !p.fits {
+        p.options = crate::advice::verified_options(spec, req);
+    }
+    Ok(p)
+}
+
+/// The prediction alone, without searching for options (each option is one of these).
+pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     validate(spec, req)?;
     let mut warnings = Vec::new();
     let mut req = req.clone();
@@ -642,11 +737,7 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         .target_concurrency
         .map(|n| target_plan(n, &r, &req, non_kv, graphs + context));
     let target_missed = target.as_ref().is_some_and(|t| !t.fits);
-    let options = if failure.is_some() || target_missed {
-        fit_options(spec, &req, target.as_ref().map_or(1, |t| t.concurrency))
-    } else {
-        Vec::new()
-    };
+    let refused = refusals(spec, &req, &r);
     let shortfall = match (&failure, &target) {
         (Some(f), _) => f.shortfall_bytes(),
         (None, Some(t)) if !t.fits => t.memory_needed_bytes.saturating_sub(total),
@@ -693,8 +784,9 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         max_num_batched_tokens: r.mbt,
         max_concurrency,
         device_peak_bytes: device_peak,
-        fits: failure.is_none() && !target_missed,
+        fits: failure.is_none() && !target_missed && refused.is_empty(),
         failure,
+        refused,
         shortfall_bytes: shortfall,
         estimated_max_model_len,
         components,
@@ -703,7 +795,7 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         lanes,
         audio,
         target,
-        options,
+        options: Vec::new(),
         warnings,
     })
 }
@@ -911,127 +1003,6 @@ fn target_plan(
     }
 }
 
-/// KV bytes an instance could use if it took every byte the co-tenants and margin leave.
-fn kv_room(r: &Resolved, req: &PlanRequest) -> (u64, u64) {
-    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
-    let non_kv = weights
-        + activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp)
-        + non_torch_bytes(r.tp);
-    let outside = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager) + CUDA_CONTEXT_BYTES;
-    let fixed = non_kv + outside + req.co_tenant_bytes() + req.safety_margin_bytes;
-    (req.gpu_total_bytes.saturating_sub(fixed), fixed)
-}
-
-/// Evaluates one variant of the request for `n` sequences of the requested length.
-fn try_variant(
-    spec: &ModelSpec,
-    req: &PlanRequest,
-    n: u64,
-    option: &str,
-    description: String,
-    vllm_args: Vec<String>,
-) -> FitOption {
-    let mut scratch = Vec::new();
-    let r = resolve(spec, req, &mut scratch);
-    let (room, fixed) = kv_room(&r, req);
-    let per_request = r.layout.bytes_per_request(r.max_model_len, r.mbt);
-    let needed = fixed + n * per_request;
-    let concurrency = room.checked_div(per_request).unwrap_or(0);
-    FitOption {
-        option: option.to_string(),
-        description,
-        vllm_args,
-        memory_needed_bytes: needed,
-        fits: needed <= req.gpu_total_bytes,
-        max_model_len: r.max_model_len,
-        concurrency,
-    }
-}
-
-/// Each change that could make `n` sequences fit, with its resulting numbers.
-pub fn fit_options(spec: &ModelSpec, req: &PlanRequest, n: u64) -> Vec<FitOption> {
-    let mut out = Vec::new();
-    let mut scratch = Vec::new();
-    let base = resolve(spec, req, &mut scratch);
-    let len = base.max_model_len;
-
-    if req.kv_cache_dtype != KvCacheDtype::Fp8 {
-        let mut v = req.clone();
-        v.kv_cache_dtype = KvCacheDtype::Fp8;
-        out.push(try_variant(
-            spec,
-            &v,
-            n,
-            "fp8_kv_cache",
-            "store the KV cache in fp8: half the bytes per token".into(),
-            vec!["--kv-cache-dtype".into(), "fp8".into()],
-        ));
-    }
-    let scheme = req.quantization.unwrap_or(spec.quantization.scheme);
-    if matches!(
-        scheme,
-        QuantScheme::None | QuantScheme::Fp8 | QuantScheme::Bnb8
-    ) {
-        let mut v = req.clone();
-        v.quantization = Some(QuantScheme::Awq);
-        out.push(try_variant(
-            spec,
-            &v,
-            n,
-            "4bit_checkpoint",
-            "serve a 4-bit AWQ checkpoint of the same model (weights estimated)".into(),
-            vec!["--quantization".into(), "awq_marlin".into()],
-        ));
-    }
-
-    let (room, fixed) = kv_room(&base, req);
-    let per_seq_room = room / n.max(1);
-    let shorter = base.layout.max_seq_len_for(per_seq_room, len, base.mbt);
-    if shorter > 0 && shorter < len {
-        let shorter = shorter / base.layout.block_size * base.layout.block_size;
-        let needed = fixed + n * base.layout.bytes_per_request(shorter, base.mbt);
-        out.push(FitOption {
-            option: "shorter_context".into(),
-            description: format!("cap the context at {} tokens", thousands(shorter)),
-            vllm_args: vec!["--max-model-len".into(), shorter.to_string()],
-            memory_needed_bytes: needed,
-            fits: needed <= req.gpu_total_bytes,
-            max_model_len: shorter,
-            concurrency: n,
-        });
-    }
-
-    let per_request = base.layout.bytes_per_request(len, base.mbt);
-    if let Some(fewer) = room.checked_div(per_request)
-        && fewer >= 1
-        && fewer < n
-    {
-        out.push(FitOption {
-            option: "fewer_sequences".into(),
-            description: format!("serve {fewer} full-length sequences at once instead of {n}"),
-            vllm_args: vec!["--max-num-seqs".into(), fewer.to_string()],
-            memory_needed_bytes: fixed + fewer * per_request,
-            fits: true,
-            max_model_len: len,
-            concurrency: fewer,
-        });
-    }
-
-    if req.tensor_parallel_size == 1 {
-        let mut v = req.clone();
-        v.tensor_parallel_size = 2;
-        out.push(try_variant(
-            spec,
-            &v,
-            n,
-            "tensor_parallel_2",
-            "split the model over two such GPUs (figures per GPU)".into(),
-            vec!["--tensor-parallel-size".into(), "2".into()],
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1128,11 +1099,12 @@ mod tests {
             }
             f => panic!("{f:?}"),
         }
-        let fp8 = p
-            .options
-            .iter()
-            .find(|o| o.option == "fp8_kv_cache")
-            .unwrap();
+        // fp8 KV alone leaves 131,072 tokens short of room here: it must not be offered alone.
+        assert!(
+            !p.options.iter().any(|o| o.option == "fp8_kv_cache"),
+            "{:?}",
+            p.options
+        );
         let shorter = p
             .options
             .iter()
@@ -1140,12 +1112,12 @@ mod tests {
             .unwrap();
         assert!(shorter.fits);
         assert!(shorter.max_model_len < 131_072);
+        assert_eq!(shorter.max_model_len % 16, 0);
+        let mut longer = req.clone();
+        longer.max_model_len = Some(shorter.max_model_len + 16);
         assert!(
-            fp8.memory_needed_bytes
-                < p.options
-                    .iter()
-                    .find(|o| o.option == "4bit_checkpoint")
-                    .map_or(u64::MAX, |o| o.memory_needed_bytes + 16 * GIB)
+            !plan(&llama_8b(), &longer).unwrap().fits,
+            "the largest that fits, to the block"
         );
     }
 
@@ -1205,7 +1177,14 @@ mod tests {
             .find(|o| o.option == "fewer_sequences")
             .unwrap();
         assert!(fewer.concurrency < 8);
-        assert!(p.options.iter().any(|o| o.option == "tensor_parallel_2"));
+        assert!(fewer.vllm_args.contains(&"--max-num-seqs".to_string()));
+        assert!(
+            p.options
+                .iter()
+                .any(|o| o.option.starts_with("tensor_parallel_2"))
+        );
+        // The target reaches the printed line.
+        assert!(p.vllm_args.windows(2).any(|w| w == ["--max-num-seqs", "8"]));
     }
 
     #[test]
