@@ -3,6 +3,7 @@
 
 mod bench;
 mod doctor;
+mod live_vllm;
 mod plan;
 mod serve;
 mod serve_upstream;
