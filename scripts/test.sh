@@ -18,7 +18,9 @@ vllm=$e2e
 if [ $e2e = 1 ]; then
   scripts/backends.sh install
   if [ $vllm = 1 ]; then
+    t0=$SECONDS
     scripts/backends.sh install vllm
+    echo "vLLM install (cached after the first run): $((SECONDS - t0)) s"
   else
     echo "HEADROOM_SKIP_VLLM=1: the vLLM end-to-end tests are NOT run"
   fi
@@ -32,7 +34,9 @@ if [ $e2e = 1 ]; then
   scripts/backends.sh start
   skip=()
   if [ $vllm = 1 ]; then
+    t0=$SECONDS
     scripts/backends.sh start vllm
+    echo "vLLM start: $((SECONDS - t0)) s"
   else
     skip=(--ignore tests/e2e/test_vllm.py)
   fi

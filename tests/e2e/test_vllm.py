@@ -248,6 +248,10 @@ def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, ga
     assert up["running"] == 1, up
     # vLLM's own gauge agrees with what the gateway read.
     assert vllm_gauges(vllm)["vllm:num_requests_waiting"] >= 1
+    # The running sequence holds KV blocks: the gateway's KV figure follows vLLM's above zero.
+    kv = wait_for("a KV-cache usage above 0, as the gateway reads it",
+                  lambda: text_lane(gateway)["upstreams"][0]["kv_cache_usage"] or None, 10)
+    assert 0 < kv < 0.5 and vllm_gauges(vllm)["vllm:kv_cache_usage_perc"] > 0, kv
     third = send("third", 24)
     # engine_max_waiting = 0: the third is held in the gateway's queue while vLLM has a queue.
     held = wait_for("the gateway queueing the third request",
