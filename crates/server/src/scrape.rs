@@ -18,6 +18,14 @@ use crate::telemetry::{
     UPSTREAM_REQUESTS_RUNNING, UPSTREAM_REQUESTS_WAITING,
 };
 
+/// vLLM's queue gauge the gateway reads (summed over `model_name`s).
+pub const VLLM_WAITING: &str = "vllm:num_requests_waiting";
+/// vLLM's running-requests gauge the gateway reads.
+pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
+/// vLLM's KV-cache usage gauge (0–1), current name first; the older `gpu_` name (before vLLM
+/// 0.10) is still read when the current one is absent.
+pub const VLLM_KV_USAGE: [&str; 2] = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
+
 /// Sum of one metric over all its label sets (e.g. several `model_name`s); `None` when absent.
 pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
     metric_fold(text, name, |a, b| a + b)
@@ -63,10 +71,9 @@ fn metric_fold(text: &str, name: &str, fold: fn(f64, f64) -> f64) -> Option<f64>
 pub fn parse_engine_metrics(kind: EngineKind, text: &str, at: Instant) -> Option<EngineLoad> {
     let load = match kind {
         EngineKind::Vllm => EngineLoad {
-            waiting: metric_sum(text, "vllm:num_requests_waiting"),
-            running: metric_sum(text, "vllm:num_requests_running"),
-            kv_cache_usage: metric_max(text, "vllm:kv_cache_usage_perc")
-                .or_else(|| metric_max(text, "vllm:gpu_cache_usage_perc")),
+            waiting: metric_sum(text, VLLM_WAITING),
+            running: metric_sum(text, VLLM_RUNNING),
+            kv_cache_usage: VLLM_KV_USAGE.iter().find_map(|name| metric_max(text, name)),
             observed_at: at,
         },
         EngineKind::LlamaCpp => EngineLoad {

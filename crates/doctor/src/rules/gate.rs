@@ -68,6 +68,8 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("KV cache is needed", VLLM),
     ("stored in KV cache", VLLM),
     ("GPU KV cache size", VLLM),
+    ("CPU KV cache size", VLLM),
+    ("GiB for KV cache on node", VLLM),
     ("Available KV cache memory", VLLM),
     ("reserved for KV Cache", VLLM),
     ("max seq len", VLLM),

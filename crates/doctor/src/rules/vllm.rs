@@ -2,7 +2,7 @@
 //! than the available KV cache memory", "max seq len … larger than the maximum number of tokens
 //! that can be stored in KV cache", "No available memory for the cache blocks", the sampler
 //! warm-up OOM, CUDA-graph capture OOM, and the memory-profiling summary lines (all formats) that
-//! a successful start prints.
+//! a successful start prints, including the CPU backend's KV-space and KV-size lines.
 
 use headroom_plan::advice::{
     self, blocks_for_tokens, kv_bytes_per_token_from_need, max_model_len_for_kv,
@@ -96,7 +96,29 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         record(&mut facts.cuda_error_oom, phase, line_no);
         return true;
     }
+    if cpu_kv_lines(facts, line_no, line) {
+        return true;
+    }
     profiling_lines(facts, line_no, line)
+}
+
+/// vLLM's CPU backend: "Explicitly set (X/Y) GiB for KV cache on node N." (X from
+/// VLLM_CPU_KVCACHE_SPACE, Y the node's memory) and "CPU KV cache size: N tokens, …".
+fn cpu_kv_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
+    let b = &mut facts.startup.breakdown;
+    let hit = if line.contains("GiB for KV cache on node") {
+        set(&mut b.kv_cache_gib, number_after(line, "Explicitly set ("))
+    } else if line.contains("CPU KV cache size:") {
+        let tokens = set_count(&mut b.kv_tokens, int_after(line, "CPU KV cache size:"));
+        // The same line carries "Maximum concurrency for L tokens per request: Cx".
+        profiling_lines(facts, line_no, line) || tokens
+    } else {
+        return false;
+    };
+    if hit {
+        push_startup_line(facts, line_no);
+    }
+    hit
 }
 
 fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
@@ -890,6 +912,21 @@ mod tests {
             d.findings[0].fix
         );
         assert_eq!(d.findings[1].cause, Cause::KvCacheTooSmall);
+    }
+
+    #[test]
+    fn cpu_backend_kv_space_and_tokens_fill_the_breakdown() {
+        let log = "(EngineCore pid=7) INFO 12-01 08:50:01 [cpu_worker.py:120] Explicitly set (1.0/14.96) GiB for KV cache on node 0.\n\
+                   (EngineCore pid=7) INFO 12-01 08:50:02 [kv_cache_utils.py:1300] CPU KV cache size: 23,296 tokens, Maximum concurrency for 512 tokens per request: 45.50x\n";
+        let d = crate::diagnose_str(log);
+        let s = d.startup.expect("start-up figures");
+        assert_eq!(s.breakdown.kv_cache_gib, Some(1.0));
+        assert_eq!(s.breakdown.kv_tokens, Some(23_296));
+        assert_eq!(s.breakdown.max_model_len, Some(512));
+        assert_eq!(s.breakdown.max_concurrency, Some(45.5));
+        assert_eq!(s.evidence_lines, vec![1, 2]);
+        assert_eq!(d.engine, Some(crate::Engine::Vllm));
+        assert!(d.findings.is_empty(), "{:?}", d.findings);
     }
 
     #[test]

@@ -1,0 +1,346 @@
+"""End to end through `headroom serve` with `engine = "vllm"` in front of a real vLLM on this CPU.
+
+Needs `scripts/backends.sh install vllm` and `start vllm` first (scripts/test.sh does both, once
+for the whole session: vLLM takes minutes to start). The server's own settings are read from
+.backends/run/vllm.env, which `start vllm` writes; it runs with `--max-num-seqs 1`, so a second
+request waits inside vLLM. The gateway is started here, once, with a text lane that holds
+admission while vLLM's own queue is longer than `engine_max_waiting = 0`.
+"""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
+ENV_FILE = pathlib.Path(os.environ.get("HEADROOM_VLLM_ENV", ROOT / ".backends" / "run" / "vllm.env"))
+GIB = 1024**3
+
+
+def read_env() -> dict:
+    if not ENV_FILE.is_file():
+        pytest.fail(f"{ENV_FILE} is missing: run scripts/backends.sh install vllm && scripts/backends.sh start vllm")
+    pairs = (line.split("=", 1) for line in ENV_FILE.read_text().splitlines() if "=" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+@pytest.fixture(scope="session")
+def vllm() -> dict:
+    env = read_env()
+    url = env["HEADROOM_VLLM_URL"]
+    try:
+        httpx.get(f"{url}/health", timeout=10).raise_for_status()
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"vLLM at {url} is not up ({e}); run scripts/backends.sh start vllm")
+    assert env["HEADROOM_VLLM_MAX_NUM_SEQS"] == "1", "these tests need a vLLM started with --max-num-seqs 1"
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gateway_config(port: int, upstream: str) -> str:
+    return f"""
+listen = "127.0.0.1:{port}"
+scrape_interval = "200ms"
+
+[[lanes]]
+name = "text"
+paths = ["/v1/chat/completions", "/v1/completions"]
+upstreams = ["{upstream}"]
+# More than vLLM runs at once (--max-num-seqs 1): the engine's own queue is what holds requests.
+max_inflight = 3
+max_queue = 4
+queue_timeout = "120s"
+request_timeout = "180s"
+policy = "queue"
+engine = "vllm"
+engine_max_waiting = 0
+engine_metrics_stale_after = "15s"
+"""
+
+
+@pytest.fixture(scope="session")
+def gateway(vllm):
+    # HEADROOM_E2E_VLLM_GATEWAY points the tests at another front (a plain reverse proxy, say) to
+    # show what they catch.
+    external = os.environ.get("HEADROOM_E2E_VLLM_GATEWAY")
+    if external:
+        yield external.rstrip("/")
+        return
+    port = free_port()
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(gateway_config(port, vllm["HEADROOM_VLLM_URL"]))
+    cfg.close()
+    proc = subprocess.Popen([BIN, "serve", "--config", cfg.name], stdout=sys.stderr, stderr=sys.stderr)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail("headroom serve did not come up")
+        time.sleep(0.1)
+    yield base
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    os.unlink(cfg.name)
+
+
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused-on-loopback", max_retries=0, timeout=180)
+
+
+def vllm_gauges(vllm) -> dict:
+    """vLLM's own running / waiting / KV-usage gauges, straight from its /metrics."""
+    text = httpx.get(f"{vllm['HEADROOM_VLLM_URL']}/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def text_lane(base: str) -> dict:
+    lanes = httpx.get(f"{base}/admin/lanes", timeout=10).json()["lanes"]
+    return next(lane for lane in lanes if lane["name"] == "text")
+
+
+def wait_for(what: str, pred, within: float, every: float = 0.05):
+    deadline = time.monotonic() + within
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not seen within {within} s")
+        time.sleep(every)
+
+
+def long_generation(max_tokens: int) -> dict:
+    return {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        "max_tokens": max_tokens,
+        # vLLM's own sampling fields: generate exactly max_tokens, so the request surely runs on.
+        "ignore_eos": True,
+        "min_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+def test_openai_client_streams_a_chat_completion_from_vllm(gateway):
+    stream = client(gateway).chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Name three colours."}],
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks, text, finish, usage = 0, "", None, None
+    for chunk in stream:
+        chunks += 1
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    assert chunks >= 3
+    assert text.strip()
+    assert finish in ("stop", "length")
+    assert usage is not None and 0 < usage.completion_tokens <= 24 and usage.prompt_tokens > 0
+
+
+def test_the_raw_vllm_stream_ends_with_usage_then_done(gateway):
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Say yes."}],
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[-1]["usage"]["completion_tokens"] > 0 and chunks[-1]["choices"] == []
+
+
+def test_the_gateway_reads_the_metric_names_this_vllm_exposes(vllm, gateway):
+    text = httpx.get(f"{vllm['HEADROOM_VLLM_URL']}/metrics", timeout=10).text
+    live = sorted({line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
+                   if line.startswith("vllm:")})
+    print("vLLM exposes:", " ".join(n for n in live if not n.endswith(("_bucket", "_created", "_sum", "_count")))) 
+    # The gateway publishes what it read from each upstream; a gauge exists only once its vLLM
+    # metric was found under the name the gateway looks for.
+    upstream = vllm["HEADROOM_VLLM_URL"]
+
+    def gateway_gauges():
+        mine = {}
+        for line in httpx.get(f"{gateway}/metrics", timeout=10).text.splitlines():
+            if line.startswith("headroom_upstream_") and f'upstream="{upstream}"' in line:
+                mine[line.split("{", 1)[0]] = float(line.rsplit(" ", 1)[1])
+        return mine if len(mine) == 3 else None
+
+    mine = wait_for("the gateway's three vLLM gauges", gateway_gauges, 10)
+    assert set(mine) == {
+        "headroom_upstream_requests_waiting",
+        "headroom_upstream_requests_running",
+        "headroom_upstream_kv_cache_usage",
+    }
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"):
+        assert name in live, f"{name} not exposed by this vLLM: {live}"
+    # This vLLM has only the current KV name; the older one is a fallback the gateway keeps.
+    assert "vllm:gpu_cache_usage_perc" not in live
+    snap = text_lane(gateway)["upstreams"][0]
+    assert snap["metrics_age_seconds"] is not None and snap["metrics_age_seconds"] < 5
+
+
+def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, gateway):
+    url = f"{gateway}/v1/chat/completions"
+    results: dict = {}
+
+    def send(name: str, max_tokens: int) -> threading.Thread:
+        def run():
+            r = httpx.post(url, json=long_generation(max_tokens), timeout=180)
+            results[name] = (r.status_code, r.json())
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        return t
+
+    first = send("first", 200)
+    wait_for("vLLM running the first request, as the gateway reads it",
+             lambda: (text_lane(gateway)["upstreams"][0]["running"] or 0) >= 1, 60)
+    second = send("second", 24)
+    up = wait_for("vLLM's waiting ≥ 1, as the gateway reads it",
+                  lambda: (u := text_lane(gateway)["upstreams"][0])["waiting"] and u["waiting"] >= 1 and u, 30)
+    assert up["running"] == 1, up
+    # vLLM's own gauge agrees with what the gateway read.
+    assert vllm_gauges(vllm)["vllm:num_requests_waiting"] >= 1
+    # The running sequence holds KV blocks: the gateway's KV figure follows vLLM's above zero.
+    kv = wait_for("a KV-cache usage above 0, as the gateway reads it",
+                  lambda: text_lane(gateway)["upstreams"][0]["kv_cache_usage"] or None, 10)
+    assert 0 < kv < 0.5 and vllm_gauges(vllm)["vllm:kv_cache_usage_perc"] > 0, kv
+    third = send("third", 24)
+    # engine_max_waiting = 0: the third is held in the gateway's queue while vLLM has a queue.
+    held = wait_for("the gateway queueing the third request",
+                    lambda: text_lane(gateway)["queued"] >= 1, 10)
+    assert held
+    samples = []
+    while "first" not in results and len(samples) < 10:
+        lane, own = text_lane(gateway), vllm_gauges(vllm)
+        samples.append((lane["queued"], lane["inflight"], own["vllm:num_requests_waiting"]))
+        time.sleep(0.1)
+    print("held while the first ran (gateway queued, gateway inflight, vLLM waiting):", samples[:5], "…")
+    assert samples, "the first request ended before the hold could be observed"
+    assert all(q == 1 and i == 2 and w == 1 for q, i, w in samples), samples
+    for t in (first, second, third):
+        t.join(timeout=180)
+    for name in ("first", "second", "third"):
+        status, body = results[name]
+        assert status == 200, (name, body)
+        assert body["choices"][0]["message"]["content"]
+    assert results["first"][1]["usage"]["completion_tokens"] == 200
+    snap = text_lane(gateway)
+    assert snap["queued"] == 0 and snap["inflight"] == 0
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_vllm_request(vllm, gateway):
+    body = dict(long_generation(400), stream=True)
+    with httpx.Client(timeout=120) as c:
+        with c.stream("POST", f"{gateway}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            stream = r.iter_lines()
+            seen = []
+            for line in stream:
+                seen.append(line)
+                if '"content":"' in line and len(seen) > 4:
+                    break
+            running = vllm_gauges(vllm)["vllm:num_requests_running"]
+            assert running == 1, f"the generation should be running in vLLM: {running}, {seen}"
+        # Leaving the block closes the connection mid-stream.
+    left = time.monotonic()
+    while True:
+        running = vllm_gauges(vllm)["vllm:num_requests_running"]
+        if running == 0:
+            break
+        waited = time.monotonic() - left
+        assert waited < 2.0, f"vLLM still runs the request {waited:.1f} s after the client left"
+        time.sleep(0.05)
+    print(f"vLLM's running count back to 0 {time.monotonic() - left:.2f} s after the client left")
+
+
+def test_a_too_long_prompt_gets_vllms_400_in_openai_shape(vllm, gateway):
+    limit = int(vllm["HEADROOM_VLLM_MAX_MODEL_LEN"])
+    words = "lighthouse " * (limit + 50)
+    messages = [{"role": "user", "content": words}]
+    r = httpx.post(f"{gateway}/v1/chat/completions",
+                   json={"model": "smollm2", "messages": messages, "max_tokens": 4}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    # vLLM's own wording, with its limit, reaches the client; its numeric code becomes a string.
+    assert f"maximum context length is {limit} tokens" in err["message"], err
+    assert isinstance(err["code"], str)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(gateway).chat.completions.create(model="smollm2", messages=messages, max_tokens=4)
+    assert f"maximum context length is {limit} tokens" in str(caught.value)
+
+
+def test_doctor_reports_the_kv_cache_vllm_logged_and_it_matches_the_configuration(vllm):
+    log = vllm["HEADROOM_VLLM_LOG"]
+    out = subprocess.run([BIN, "doctor", log, "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["findings"] == [], doc["findings"]
+    startup = doc["startup"]
+    configured_gib = float(vllm["HEADROOM_VLLM_KV_GIB"])
+    configured_len = int(vllm["HEADROOM_VLLM_MAX_MODEL_LEN"])
+    assert startup["kv_cache_gib"] == pytest.approx(configured_gib)
+    assert startup["max_model_len"] == configured_len
+    # Tokens that fit the configured space, from the model's own shape: K and V for every layer,
+    # float32. vLLM rounds down to whole blocks.
+    cfg = json.loads((pathlib.Path(vllm["HEADROOM_VLLM_MODEL_DIR"]) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
+    fits = configured_gib * GIB / per_token
+    tokens = startup["kv_tokens"]
+    print(f"doctor: {tokens} KV tokens in {startup['kv_cache_gib']} GiB; the model's shape gives {fits:.0f}")
+    assert fits - 256 <= tokens <= fits, (tokens, fits)
+    assert startup["max_concurrency"] == pytest.approx(tokens / configured_len, rel=0.01)
+    table = subprocess.run([BIN, "doctor", log], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert f"{tokens}" in table.stdout.replace(",", "") or f"{tokens:,}" in table.stdout, table.stdout
+    assert math.isfinite(startup["kv_bytes_per_token"]) and startup["kv_bytes_per_token"] == pytest.approx(
+        per_token, rel=0.01)
