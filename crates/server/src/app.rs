@@ -570,6 +570,7 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
             AdmitRequest {
                 audio_seconds: seen.audio_seconds,
                 wait_until: Some(deadline),
+                audio_unknown: seen.has_audio && seen.audio_seconds.is_none(),
             },
         )
         .await;

@@ -8,6 +8,7 @@ pub mod audio;
 pub mod config;
 pub mod error;
 pub mod inspect;
+pub mod memory_config;
 pub mod multipart;
 pub mod proxy;
 pub mod scrape;
@@ -27,6 +28,7 @@ use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
 pub use error::ApiError;
+pub use memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +70,7 @@ impl Gateway {
         let gate = Gate::new(
             config.lane_specs(),
             config.max_inflight_total,
-            probe.clone(),
+            Some(config.ledger_settings()),
         )?;
         let client = reqwest::Client::builder()
             .no_proxy()
