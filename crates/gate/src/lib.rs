@@ -9,7 +9,10 @@ pub mod lane;
 pub mod ledger;
 pub mod pressure;
 
-pub use admission::{AdmitRequest, Gate, GateSnapshot, LaneSnapshot, Permit, UpstreamSnapshot};
+pub use admission::{
+    AdmitRequest, Gate, GateSnapshot, LaneMemorySnapshot, LaneSnapshot, Permit, PoolSnapshot,
+    UpstreamSnapshot,
+};
 pub use cleanup::clean_transcript;
 pub use lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
 pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
