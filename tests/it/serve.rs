@@ -1764,6 +1764,12 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(json_of(r).await["error"]["code"], "gpu_memory");
     gpu.0.store(4 << 30, std::sync::atomic::Ordering::Relaxed);
+    // Readings reach the gate from the memory feed's next tick, not from the request.
+    let until = Instant::now() + Duration::from_secs(5);
+    while g.gate.snapshot().memory[0].free_bytes != Some(4 << 30) {
+        assert!(Instant::now() < until, "the new reading never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(send(6.0).await.unwrap().status(), 200);
     // The sampler publishes memory in use.
     tokio::time::sleep(Duration::from_millis(150)).await;

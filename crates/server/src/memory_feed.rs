@@ -1,6 +1,6 @@
 //! The memory feed: the sampler of memory admission. A dedicated OS thread (so a probe that
-//! hangs stalls only itself, never a request or a runtime worker) finds the processes listening
-//! on the watched upstreams' ports, reads the probe every `sample_interval`, turns each device
+//! hangs stalls only itself, never a request or a runtime worker) reads the probe every
+//! `sample_interval`, turns each device
 //! into a [`MemoryReading`] (the pool's free figure and each upstream's measured use) and pushes
 //! it into the gate. It also sets the memory gauge and saves learned needs to the calibration
 //! file; [`load_learned`] reads them back at start.
@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -28,6 +29,9 @@ const RESOLVE_EVERY: Duration = Duration::from_secs(1);
 const SAVE_EVERY: Duration = Duration::from_secs(2);
 /// The feed thread's name (tests check that probe calls happen only there).
 pub const FEED_THREAD: &str = "headroom-memory";
+/// The thread that finds the processes listening on the watched upstreams' ports. Scanning
+/// every `/proc/*/fd` can take a while on a busy machine, so it never delays a reading.
+pub const WATCH_THREAD: &str = "headroom-watch";
 
 /// What the feed reads and where it pushes.
 pub struct FeedSetup {
@@ -48,18 +52,43 @@ pub struct FeedSetup {
 pub struct MemoryFeed {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    interval: Duration,
 }
 
 impl MemoryFeed {
+    /// Starts the thread and waits for its first reading (at most `stale_after`, so a probe
+    /// that hangs from the start delays start-up by that much and no more).
     pub fn start(setup: FeedSetup) -> std::io::Result<MemoryFeed> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let wait = setup.memory.stale_after;
+        let interval = setup.memory.sample_interval;
+        let roots = Arc::new(Mutex::new(HashMap::new()));
+        let (urls, found, pool, watch_stop) = (
+            setup.owners.clone(),
+            roots.clone(),
+            setup.pool.clone(),
+            stop.clone(),
+        );
+        // Resolve once before the first reading, then keep resolving on the side.
+        resolve(&urls, &found, pool.as_ref());
+        std::thread::Builder::new()
+            .name(WATCH_THREAD.into())
+            .spawn(move || {
+                while !watch_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(RESOLVE_EVERY);
+                    resolve(&urls, &found, pool.as_ref());
+                }
+            })?;
+        let (first_tx, first_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(FEED_THREAD.into())
-            .spawn(move || run(setup, &flag))?;
+            .spawn(move || run(setup, roots, &flag, first_tx))?;
+        let _ = first_rx.recv_timeout(wait);
         Ok(MemoryFeed {
             stop,
             thread: Some(thread),
+            interval,
         })
     }
 
@@ -67,9 +96,13 @@ impl MemoryFeed {
     /// call on its own (it holds nothing but the probe).
     pub fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take()
-            && t.is_finished()
-        {
+        let Some(t) = self.thread.take() else { return };
+        // The last save happens on the way out: give a healthy probe a few periods to finish.
+        let until = std::time::Instant::now() + 4 * self.interval + Duration::from_millis(100);
+        while !t.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if t.is_finished() {
             let _ = t.join();
         }
     }
@@ -81,55 +114,35 @@ impl Drop for MemoryFeed {
     }
 }
 
-/// The upstreams' listening processes, looked up again every [`RESOLVE_EVERY`].
-struct Owners {
-    urls: Vec<String>,
-    roots: HashMap<String, u32>,
-    resolved_at: Option<std::time::Instant>,
-}
+type Roots = Arc<Mutex<HashMap<String, u32>>>;
 
-impl Owners {
-    fn refresh(&mut self, pool: Option<&HostPool>) {
-        if self
-            .resolved_at
-            .is_some_and(|t| t.elapsed() < RESOLVE_EVERY)
-        {
-            return;
-        }
-        self.resolved_at = Some(std::time::Instant::now());
-        for url in &self.urls {
-            match url_listener(url) {
-                Ok(pid) => {
-                    self.roots.insert(url.clone(), pid);
-                    if let Some(pool) = pool {
-                        pool.set_member(url, pid);
-                    }
-                }
-                Err(_) => {
-                    self.roots.remove(url);
-                    if let Some(pool) = pool {
-                        pool.remove_member(url);
-                    }
-                }
+/// Looks up the process listening on each upstream's port; keeps the host pool's members in step.
+fn resolve(urls: &[String], roots: &Roots, pool: Option<&HostPool>) {
+    for url in urls {
+        let found = url_listener(url).ok();
+        if let Some(pool) = pool {
+            match found {
+                Some(pid) => pool.set_member(url, pid),
+                None => pool.remove_member(url),
             }
         }
+        let mut roots = roots.lock().unwrap_or_else(|p| p.into_inner());
+        match found {
+            Some(pid) => roots.insert(url.clone(), pid),
+            None => roots.remove(url),
+        };
     }
 }
 
-fn run(setup: FeedSetup, stop: &AtomicBool) {
-    let mut owners = Owners {
-        urls: setup.owners.clone(),
-        roots: HashMap::new(),
-        resolved_at: None,
-    };
+fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc::Sender<()>) {
     let interval = setup.memory.sample_interval;
     let mut saved: HashMap<usize, LearnedNeed> = HashMap::new();
     let mut last_save = std::time::Instant::now();
     let mut next = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        owners.refresh(setup.pool.as_ref());
         match setup.probe.snapshot() {
             Ok(devices) => {
+                let owners = roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 for d in &devices {
                     setup
                         .telemetry
@@ -138,6 +151,7 @@ fn run(setup: FeedSetup, stop: &AtomicBool) {
                     setup.gate.push_memory_reading(reading(
                         d,
                         &setup.memory,
+                        &setup.owners,
                         &owners,
                         Instant::now(),
                     ));
@@ -149,6 +163,7 @@ fn run(setup: FeedSetup, stop: &AtomicBool) {
                 }
             }
         }
+        let _ = first.send(());
         if last_save.elapsed() >= SAVE_EVERY {
             last_save = std::time::Instant::now();
             save_changed(&setup, &mut saved);
@@ -181,7 +196,8 @@ fn devices_of(setup: &FeedSetup) -> Vec<u32> {
 fn reading(
     d: &DeviceSnapshot,
     memory: &MemoryConfig,
-    owners: &Owners,
+    urls: &[String],
+    roots: &HashMap<String, u32>,
     at: Instant,
 ) -> MemoryReading {
     let (total, free) = match (memory.probe, memory.capacity) {
@@ -191,11 +207,10 @@ fn reading(
         ),
         _ => (d.total_bytes, d.free_bytes),
     };
-    let owner_use = owners
-        .urls
+    let owner_use = urls
         .iter()
         .filter_map(|url| {
-            let root = *owners.roots.get(url)?;
+            let root = *roots.get(url)?;
             let used = match memory.probe {
                 ProbeKind::Host => d
                     .processes
