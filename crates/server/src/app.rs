@@ -511,6 +511,12 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
                 .with_param(Some(seen.audio_param)));
             }
             Some(_) => {}
+            // Admission counts it as the longest allowed clip, so its memory is covered.
+            None if lane
+                .spec
+                .gpu
+                .as_ref()
+                .is_some_and(|g| g.bytes_per_audio_second > 0) => {}
             None => {
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,

@@ -420,6 +420,12 @@ fn lane_config(
         "gpu_memory_per_audio_second",
         &raw.gpu_memory_per_audio_second,
     )?;
+    if gpu_per_second.is_some() && raw.max_audio_seconds.is_none() {
+        return Err(key_err(
+            k("max_audio_seconds"),
+            "gpu_memory_per_audio_second needs max_audio_seconds: audio of unknown length is counted as that long",
+        ));
+    }
     if raw.learn == Some(true) && gpu_per_job.is_none() && gpu_per_second.is_none() {
         return Err(key_err(
             k("learn"),
@@ -788,6 +794,18 @@ policy = "queue"
                 "fallback",
             ),
             ("listen = \"127.0.0.1:1\"", "lanes"),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/audio/transcriptions\"]\nupstreams=[\"http://a:1\"]\ngpu_memory_per_audio_second=\"1MiB\"",
+                "max_audio_seconds",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/audio/transcriptions\"]\nupstreams=[\"http://a:1\"]\nlearn=true",
+                "learn",
+            ),
+            (
+                "[memory]\nprobe=\"host\"\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
+                "memory.capacity",
+            ),
         ];
         for (text, want) in cases {
             let err = ServeConfig::from_toml(text).unwrap_err().to_string();
