@@ -8,6 +8,7 @@ mod doctor;
 mod doctor_live;
 mod inputs;
 mod live_vllm;
+mod memory;
 mod plan;
 mod plan_fixes;
 mod plan_llamacpp;

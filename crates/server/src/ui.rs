@@ -171,6 +171,8 @@ pub struct UiView {
     /// Memory in use summed over devices, the last ten minutes.
     pub memory_history: Vec<MemoryPoint>,
     pub engines: Vec<EngineView>,
+    /// The memory ledger's pools (reading, reservations) when lanes admit on memory.
+    pub ledger: Vec<headroom_gate::PoolSnapshot>,
     /// Documents from providers (`box`, `ledger`) when present.
     pub extras: BTreeMap<String, Value>,
 }
@@ -444,6 +446,7 @@ fn build_view(
         memory_used_bytes: newest.map(|s| s.memory_used.clone()).unwrap_or_default(),
         memory_history,
         engines: newest.map(|s| s.engines.clone()).unwrap_or_default(),
+        ledger: snapshot.memory.clone(),
         extras,
     }
 }
@@ -745,6 +748,7 @@ mod tests {
             service_rate_per_second: None,
             yielding: false,
             upstreams: Vec::new(),
+            memory: None,
         }
     }
 
@@ -755,6 +759,7 @@ mod tests {
             total_inflight: 0,
             max_inflight_total: None,
             draining: false,
+            memory: Vec::new(),
         };
         let text = "# TYPE headroom_gpu_memory_used_bytes gauge\n\
                     headroom_gpu_memory_used_bytes{gpu=\"0\"} 1073741824\n\

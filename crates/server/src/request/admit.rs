@@ -47,6 +47,7 @@ pub(super) async fn admit(
     let request = AdmitRequest {
         audio_seconds: seen.audio_seconds,
         wait_until: Some(deadline.at),
+        audio_unknown: seen.has_audio && seen.audio_seconds.is_none(),
     };
     let permit = s.gate.admit(lane.index, request).await?;
     s.telemetry

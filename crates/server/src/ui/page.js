@@ -84,15 +84,19 @@
     }
     var ledger = document.getElementById("ledger");
     while (ledger.firstChild) ledger.removeChild(ledger.firstChild);
-    var lg = s.extras && s.extras.ledger;
-    if (lg && lg.devices) {
+    var pools = s.ledger || [];
+    if (pools.length) {
       ledger.appendChild(el("h3", "Memory ledger"));
-      var lt = table("ledger-table", ["device", "free (read)", "reserved", "reservations"]);
+      var lt = table("ledger-table", ["pool", "total", "free (read)", "reserved", "reservations", "reading age"]);
       ledger.appendChild(lt);
-      rows("ledger-table", lg.devices, function (d) {
-        return [{ text: d.device }, { text: d.free_bytes == null ? "\u2013" : gib(d.free_bytes) },
-                { text: gib(d.reserved_bytes || 0) }, { text: d.reservations || 0 }];
-      }, "no devices");
+      rows("ledger-table", pools, function (d) {
+        return [{ text: d.kind + " " + d.device },
+                { text: d.total_bytes == null ? "\u2013" : gib(d.total_bytes) },
+                { text: d.free_bytes == null ? "\u2013" : gib(d.free_bytes) },
+                { text: gib(d.reserved_bytes || 0), cls: "reserved" },
+                { text: d.reservations || 0, cls: "reservations" },
+                { text: d.reading_age_seconds == null ? "none" : d.reading_age_seconds.toFixed(1) + " s" }];
+      }, "no pools");
     }
     drawChart(s.memory_history);
   }
