@@ -2,8 +2,12 @@
 //! only way the rest of headroom reads GPU memory; [`NvmlProbe`] is the real one (NVML opened at
 //! run time), [`ScriptedProbe`] answers from a script for tests. The [`Sampler`] polls a probe into
 //! a ring buffer and a sample file ([`sample`]); [`leak`] turns per-round floors and throughput
-//! into a verdict using the statistics in [`trend`].
+//! into a verdict using the statistics in [`trend`]. [`HostPool`] is the probe of a box without a
+//! GPU: host RAM as one device whose users are process trees read from `/proc`; [`calibration`]
+//! is the file `up` keeps its measurements in.
 
+pub mod calibration;
+pub mod host;
 pub mod leak;
 pub mod nvml;
 pub mod probe;
@@ -12,6 +16,8 @@ pub mod sampler;
 pub mod scripted;
 pub mod trend;
 
+pub use calibration::{BackendCalibration, Calibration, CalibrationError, LearnedLane};
+pub use host::{HostPool, TreeMemory, process_tree, tree_memory};
 pub use leak::{LeakConfig, LeakError, LeakReport, Verdict, verdict, verdict_with};
 pub use nvml::NvmlProbe;
 pub use probe::*;

@@ -1,0 +1,329 @@
+//! The calibration file: what `headroom up` measured about a box, kept beside the box file so the
+//! next `up` can start from it, `plan --reserve-from FILE` can read it instead of a guessed
+//! profile, and `serve`'s memory ledger can keep what it learned per lane.
+//!
+//! One JSON object (`docs/up.md` describes every field); readers ignore fields they do not know,
+//! so fields may be added but never renamed:
+//!
+//! ```text
+//! {"format":1,"date":"2026-12-01T09:00:00Z","probe":"host","capacity_bytes":8589934592,
+//!  "versions":{"whisper":"faster-whisper-server 0.0.3"},
+//!  "backends":{"whisper":{"role":"audio","engine":"whisper","resident_bytes":312000000,
+//!    "peak_bytes":356000000,"peak_per_audio_second_bytes":1200000.0,"warmup_runs":3,
+//!    "date":"2026-12-01T09:00:00Z"}},
+//!  "learned":{"stt":{"bytes_per_job":44000000,"bytes_per_audio_second":1200000.0,"samples":12}}}
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the layout below; bumped only if a field changes meaning.
+pub const CALIBRATION_FORMAT: u32 = 1;
+
+/// Everything measured about one box.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    #[serde(default = "default_format")]
+    pub format: u32,
+    /// When the file was last written, RFC 3339 in UTC.
+    pub date: String,
+    /// The memory probe the figures were read with: `"host"` or `"nvml"`.
+    #[serde(default)]
+    pub probe: String,
+    /// The pool's capacity when the figures were taken.
+    #[serde(default)]
+    pub capacity_bytes: u64,
+    /// Versions seen, by backend name (a package version, an engine's self-report).
+    #[serde(default)]
+    pub versions: BTreeMap<String, String>,
+    /// Measured footprints, by backend name.
+    #[serde(default)]
+    pub backends: BTreeMap<String, BackendCalibration>,
+    /// What the gateway's ledger learned, by lane.
+    #[serde(default)]
+    pub learned: BTreeMap<String, LearnedLane>,
+}
+
+fn default_format() -> u32 {
+    CALIBRATION_FORMAT
+}
+
+/// One backend's measured footprint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackendCalibration {
+    /// `audio` or `text`.
+    pub role: String,
+    /// `vllm`, `llamacpp`, `whisper` or `other`.
+    pub engine: String,
+    /// Steady idle memory after the warm-up.
+    pub resident_bytes: u64,
+    /// The highest memory seen during the warm-up.
+    pub peak_bytes: u64,
+    /// `(peak − resident) / audio seconds` of the warm-up job, where the job has a duration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_per_audio_second_bytes: Option<f64>,
+    /// How many warm-up jobs the figures come from.
+    #[serde(default)]
+    pub warmup_runs: u32,
+    /// When this backend was measured, RFC 3339 in UTC.
+    #[serde(default)]
+    pub date: String,
+}
+
+/// Per-lane figures learned from real traffic by the gateway's memory ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearnedLane {
+    /// Memory one job of the lane adds at its peak.
+    pub bytes_per_job: u64,
+    /// For audio lanes: memory per second of audio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_audio_second: Option<f64>,
+    /// How many jobs the figures come from.
+    pub samples: u64,
+}
+
+/// Why a calibration file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CalibrationError {
+    #[error("calibration file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("calibration file {path} is not valid: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "calibration file {path} has format {found}; this headroom reads format {CALIBRATION_FORMAT}"
+    )]
+    Format { path: PathBuf, found: u32 },
+}
+
+impl Calibration {
+    /// An empty calibration dated now.
+    pub fn new(probe: &str, capacity_bytes: u64) -> Self {
+        Calibration {
+            format: CALIBRATION_FORMAT,
+            date: now_rfc3339(),
+            probe: probe.to_string(),
+            capacity_bytes,
+            versions: BTreeMap::new(),
+            backends: BTreeMap::new(),
+            learned: BTreeMap::new(),
+        }
+    }
+
+    /// Reads and checks a calibration file.
+    pub fn load(path: &Path) -> Result<Self, CalibrationError> {
+        let text = fs::read_to_string(path).map_err(|source| CalibrationError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Reads a calibration file if there is one: `Ok(None)` when it does not exist.
+    pub fn load_if_present(path: &Path) -> Result<Option<Self>, CalibrationError> {
+        match fs::metadata(path) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            _ => Self::load(path).map(Some),
+        }
+    }
+
+    fn parse(text: &str, path: &Path) -> Result<Self, CalibrationError> {
+        let calibration: Calibration =
+            serde_json::from_str(text).map_err(|source| CalibrationError::Parse {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if calibration.format != CALIBRATION_FORMAT {
+            return Err(CalibrationError::Format {
+                path: path.to_path_buf(),
+                found: calibration.format,
+            });
+        }
+        Ok(calibration)
+    }
+
+    /// Writes the file (pretty JSON) through a temporary file and a rename, so a reader never
+    /// sees half a file. Sets `date` to now.
+    pub fn save(&mut self, path: &Path) -> Result<(), CalibrationError> {
+        self.date = now_rfc3339();
+        let io_err = |source| CalibrationError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        // Serializing maps of plain numbers and strings cannot fail.
+        let text = serde_json::to_string_pretty(self).unwrap_or_default();
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        fs::write(&tmp, text + "\n").map_err(io_err)?;
+        fs::rename(&tmp, path).map_err(io_err)
+    }
+
+    /// Records one backend's figures (dated now).
+    pub fn set_backend(&mut self, name: &str, mut figures: BackendCalibration) {
+        figures.date = now_rfc3339();
+        self.backends.insert(name.to_string(), figures);
+    }
+
+    /// The sum of the audio backends' peaks: what `plan --reserve-from` reserves.
+    pub fn audio_peak_bytes(&self) -> u64 {
+        self.backends
+            .values()
+            .filter(|b| b.role == "audio")
+            .map(|b| b.peak_bytes)
+            .sum()
+    }
+}
+
+/// The calibration file that belongs to a box file: `box.toml` → `box.calibration.json` in the
+/// same folder.
+pub fn calibration_path_for(box_file: &Path) -> PathBuf {
+    let stem = box_file
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "box".to_string());
+    box_file.with_file_name(format!("{stem}.calibration.json"))
+}
+
+/// Now as RFC 3339 in UTC, e.g. `2026-12-01T09:00:00Z`.
+pub fn now_rfc3339() -> String {
+    rfc3339(SystemTime::now())
+}
+
+/// `at` as RFC 3339 in UTC, whole seconds.
+pub fn rfc3339(at: SystemTime) -> String {
+    let at = time::OffsetDateTime::from(at).replace_nanosecond(0);
+    at.ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Calibration {
+        let mut c = Calibration::new("host", 8 << 30);
+        c.versions
+            .insert("whisper".into(), "faster-whisper-server 0.0.3".into());
+        c.set_backend(
+            "whisper",
+            BackendCalibration {
+                role: "audio".into(),
+                engine: "whisper".into(),
+                resident_bytes: 300 << 20,
+                peak_bytes: 360 << 20,
+                peak_per_audio_second_bytes: Some(1.5e6),
+                warmup_runs: 3,
+                date: String::new(),
+            },
+        );
+        c.set_backend(
+            "tts",
+            BackendCalibration {
+                role: "audio".into(),
+                engine: "other".into(),
+                resident_bytes: 100 << 20,
+                peak_bytes: 140 << 20,
+                peak_per_audio_second_bytes: None,
+                warmup_runs: 1,
+                date: String::new(),
+            },
+        );
+        c.set_backend(
+            "llm",
+            BackendCalibration {
+                role: "text".into(),
+                engine: "llamacpp".into(),
+                resident_bytes: 900 << 20,
+                peak_bytes: 950 << 20,
+                peak_per_audio_second_bytes: None,
+                warmup_runs: 0,
+                date: String::new(),
+            },
+        );
+        c.learned.insert(
+            "stt".into(),
+            LearnedLane {
+                bytes_per_job: 40 << 20,
+                bytes_per_audio_second: Some(1.2e6),
+                samples: 12,
+            },
+        );
+        c
+    }
+
+    #[test]
+    fn save_then_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("box.calibration.json");
+        let mut c = sample();
+        c.save(&path).unwrap();
+        let back = Calibration::load(&path).unwrap();
+        assert_eq!(back, c);
+        assert!(!dir.path().join("box.calibration.json.tmp").exists());
+    }
+
+    #[test]
+    fn audio_peaks_sum_only_audio_backends() {
+        assert_eq!(sample().audio_peak_bytes(), (360 + 140) << 20);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_missing_maps_default() {
+        let path = Path::new("x.json");
+        let c = Calibration::parse(
+            r#"{"format":1,"date":"2026-12-01T09:00:00Z","extra":true}"#,
+            path,
+        )
+        .unwrap();
+        assert!(c.backends.is_empty() && c.learned.is_empty());
+    }
+
+    #[test]
+    fn another_format_is_refused() {
+        let err = Calibration::parse(r#"{"format":2,"date":""}"#, Path::new("x.json")).unwrap_err();
+        assert!(matches!(err, CalibrationError::Format { found: 2, .. }));
+    }
+
+    #[test]
+    fn a_missing_file_is_none_and_a_broken_one_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.json");
+        assert!(Calibration::load_if_present(&missing).unwrap().is_none());
+        let broken = dir.path().join("broken.json");
+        fs::write(&broken, "{").unwrap();
+        let err = Calibration::load_if_present(&broken).unwrap_err();
+        assert!(err.to_string().contains("broken.json"), "{err}");
+    }
+
+    #[test]
+    fn the_path_sits_beside_the_box_file() {
+        assert_eq!(
+            calibration_path_for(Path::new("/etc/box/cpu-box.up.toml")),
+            PathBuf::from("/etc/box/cpu-box.up.calibration.json")
+        );
+    }
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_796_115_600);
+        assert_eq!(rfc3339(at), "2026-12-01T09:00:00Z");
+    }
+}
