@@ -5,6 +5,7 @@
 
 pub mod advice;
 pub mod kv;
+pub mod llamacpp;
 pub mod overhead;
 pub mod spec;
 pub mod units;
