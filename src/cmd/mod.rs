@@ -6,6 +6,7 @@ pub mod plan;
 pub mod serve;
 pub mod soak;
 pub mod top;
+pub mod up;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,8 @@ pub enum Command {
     Soak(soak::SoakArgs),
     /// Run the OpenAI-compatible gateway with audio and text lanes.
     Serve(serve::ServeArgs),
+    /// Start the audio backends, measure what they hold, give the text engine the rest, serve.
+    Up(up::UpArgs),
     /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
     Top(top::TopArgs),
     /// Read an engine log, name the memory limit that was crossed and compute the fix.
@@ -34,6 +37,7 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(*args),
         Command::Serve(args) => serve::run(args),
+        Command::Up(args) => up::run(args),
         Command::Top(args) => top::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),

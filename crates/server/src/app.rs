@@ -44,6 +44,8 @@ pub struct AppState {
     pub gate: Gate,
     pub client: reqwest::Client,
     pub telemetry: Arc<Telemetry>,
+    /// Set by `headroom up`: the box's backends, for `/admin/box` and 503s while one restarts.
+    pub box_provider: std::sync::OnceLock<Arc<dyn crate::admin_box::BoxProvider>>,
     fallback_ids: AtomicU64,
 }
 
@@ -59,6 +61,7 @@ impl AppState {
             gate,
             client,
             telemetry,
+            box_provider: std::sync::OnceLock::new(),
             fallback_ids: AtomicU64::new(1),
         }
     }
@@ -126,6 +129,7 @@ pub fn router(state: Shared) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/lanes", get(admin_lanes))
+        .route("/admin/box", get(crate::admin_box::handler))
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -563,6 +567,10 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
             deadline = arrival + asked;
         }
     }
+    if let Some(e) = crate::admin_box::unavailable(&s, lane_name, &lane.spec.upstreams) {
+        s.telemetry.outcome(lane_name, "backend_unavailable");
+        return Err(e);
+    }
     let admitted = s
         .gate
         .admit(
@@ -861,7 +869,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
-    let text = s.telemetry.render(&s.gate.snapshot());
+    let text = s.telemetry.render(&s.gate.snapshot()) + &crate::admin_box::render_metrics(&s);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
