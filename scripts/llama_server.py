@@ -28,8 +28,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2-135M)")
-    p.add_argument("--ctx", type=int, default=4096, help="total context, split across slots")
-    p.add_argument("--parallel", type=int, default=2, help="slots")
+    # llama-server's own spellings, so `headroom up` can pass the flags it computes unchanged.
+    p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=4096,
+                   help="total context, split across slots")
+    p.add_argument("-np", "--parallel", dest="parallel", type=int, default=2, help="slots")
+    p.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=None,
+                   help="layers on the GPU (this CPU-only wheel keeps them on the host)")
+    p.add_argument("--verbose", action="store_true",
+                   help="log llama.cpp's memory lines (KV cache size, buffers) at start-up")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--alias", default="smollm2")
     args = p.parse_args()
@@ -47,6 +53,10 @@ def main() -> None:
     params.endpoint_metrics = True
     params.endpoint_slots = True
     params.model_alias = {args.alias}
+    if args.ngl is not None:
+        params.n_gpu_layers = args.ngl
+    if args.verbose:
+        params.verbosity = 10
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -10,6 +10,7 @@ pub mod serve;
 pub mod shell;
 pub mod soak;
 pub mod top;
+pub mod up;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +30,8 @@ pub enum Command {
     Soak(soak::SoakArgs),
     /// Run the OpenAI-compatible gateway with audio and text lanes.
     Serve(serve::ServeArgs),
+    /// Start the audio backends, measure what they hold, give the text engine the rest, serve.
+    Up(up::UpArgs),
     /// Live view of GPU memory per process, with gateway lanes; --once for scripts, --replay for recordings.
     Top(top::TopArgs),
     /// Read an engine log (or live /metrics with --metrics), name what is wrong and compute the fix.
@@ -101,6 +104,7 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Plan(args) => plan::run(*args),
         Command::Serve(args) => serve::run(args),
+        Command::Up(args) => up::run(args),
         Command::Top(args) => top::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),

@@ -81,6 +81,10 @@ pub struct PlanArgs {
     /// Memory for another tenant: NAME=SIZE, or a catalog profile (whisper-large-v3). Repeatable.
     #[arg(long)]
     pub reserve: Vec<String>,
+    /// Reserve what `headroom up` measured instead of a guessed profile: the calibration file
+    /// beside a box file (BOX.calibration.json); each audio backend's measured peak is reserved.
+    #[arg(long, value_name = "FILE")]
+    pub reserve_from: Option<std::path::PathBuf>,
     /// Memory other processes already hold on the card.
     #[arg(long)]
     pub other_used: Option<String>,
@@ -214,6 +218,37 @@ fn reservations(flags: &[String]) -> anyhow::Result<Vec<Reservation>> {
         out.push(r);
     }
     Ok(out)
+}
+
+/// One reservation per audio backend of a calibration file, at its measured peak.
+fn reservations_from(path: &std::path::Path) -> anyhow::Result<Vec<Reservation>> {
+    let calibration = headroom_gpu::Calibration::load(path).context("invalid --reserve-from")?;
+    let reservations: Vec<Reservation> = calibration
+        .backends
+        .iter()
+        .filter(|(_, b)| b.role == "audio")
+        .map(|(name, b)| Reservation {
+            name: name.clone(),
+            bytes: b.peak_bytes,
+            why: format!(
+                "measured peak ({} warm-up job(s), {:.2} GiB idle) by headroom up on {}",
+                b.warmup_runs,
+                headroom_plan::units::gib(b.resident_bytes),
+                if b.date.is_empty() {
+                    &calibration.date
+                } else {
+                    &b.date
+                }
+            ),
+        })
+        .collect();
+    if reservations.is_empty() {
+        bail!(
+            "invalid --reserve-from {}: it holds no audio backend's figures",
+            path.display()
+        );
+    }
+    Ok(reservations)
 }
 
 /// GPU 0 of this machine, read through NVML.
@@ -372,6 +407,9 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.enforce_eager = args.enforce_eager;
     req.hybrid_kv_manager = !args.disable_hybrid_kv_cache_manager;
     req.reservations = reservations(&args.reserve)?;
+    if let Some(path) = &args.reserve_from {
+        req.reservations.extend(reservations_from(path)?);
+    }
     req.other_used_bytes = args
         .other_used
         .as_deref()

@@ -530,3 +530,58 @@ fn sharded_sparse_checkpoint_gives_exact_weights_from_headers() {
     assert_eq!(u(&p, "weights_bytes"), a + b);
     assert_eq!(p["weights_origin"], "exact");
 }
+
+#[test]
+fn reserve_from_a_calibration_file_reserves_the_measured_audio_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("box.up.calibration.json");
+    let mut c = headroom_gpu::Calibration::new("nvml", 24 * GIB);
+    for (name, role, peak) in [
+        ("whisper", "audio", 3 * GIB),
+        ("tts", "audio", GIB / 2),
+        ("llm", "text", 18 * GIB),
+    ] {
+        c.set_backend(
+            name,
+            headroom_gpu::BackendCalibration {
+                role: role.into(),
+                engine: "other".into(),
+                resident_bytes: peak / 2,
+                peak_bytes: peak,
+                peak_per_audio_second_bytes: None,
+                warmup_runs: 3,
+                date: String::new(),
+            },
+        );
+    }
+    c.save(&path).unwrap();
+    let args = [
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct-AWQ",
+        "--gpu",
+        "24GiB",
+        "--max-model-len",
+        "16384",
+    ];
+    let (plain, _) = plan_json(&args);
+    let mut with: Vec<&str> = args.to_vec();
+    with.extend(["--reserve-from", path.to_str().unwrap()]);
+    let (p, _) = plan_json(&with);
+    // Both audio peaks, not the text engine's figures: 3.5 GiB.
+    assert_eq!(u(&p, "reserved_bytes"), 3 * GIB + GIB / 2);
+    assert_eq!(p["reservations"].as_array().unwrap().len(), 2);
+    assert!(
+        p["gpu_memory_utilization"].as_f64().unwrap()
+            < plain["gpu_memory_utilization"].as_f64().unwrap()
+    );
+    // A file with no audio figures is refused in one line with exit 2.
+    let empty = dir.path().join("empty.calibration.json");
+    std::fs::write(&empty, r#"{"format":1,"date":"2026-12-01T09:00:00Z"}"#).unwrap();
+    let mut bad: Vec<&str> = vec!["plan"];
+    bad.extend(args);
+    bad.extend(["--reserve-from", empty.to_str().unwrap()]);
+    let out = headroom(&bad);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no audio backend"), "{err}");
+}

@@ -37,6 +37,8 @@ pub struct AppState {
     pub telemetry: Arc<Telemetry>,
     /// The status page's ring of samples (`/ui`).
     pub ui: Arc<crate::ui::UiState>,
+    /// Set by `headroom up`: the box's backends, for `/admin/box` and 503s while one restarts.
+    pub box_provider: std::sync::OnceLock<Arc<dyn crate::admin_box::BoxProvider>>,
     fallback_ids: AtomicU64,
 }
 
@@ -53,6 +55,7 @@ impl AppState {
             client,
             telemetry,
             ui: Arc::new(crate::ui::UiState::default()),
+            box_provider: std::sync::OnceLock::new(),
             fallback_ids: AtomicU64::new(1),
         }
     }
@@ -92,6 +95,7 @@ pub fn router(state: Shared) -> Router {
         .route("/admin/lanes", get(admin_lanes))
         .route("/ui", get(crate::ui::serve_page))
         .route("/ui/state", get(crate::ui::serve_state))
+        .route("/admin/box", get(crate::admin_box::handler))
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -330,7 +334,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {
-    let text = s.telemetry.render(&s.gate.snapshot());
+    let text = s.telemetry.render(&s.gate.snapshot()) + &crate::admin_box::render_metrics(&s);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -3,6 +3,7 @@
 //! engine metrics scraped, Prometheus `/metrics` and the `/admin/lanes` snapshot. Admission
 //! logic itself lives in the gate; this crate only turns HTTP into gate inputs and back.
 
+pub mod admin_box;
 pub mod app;
 pub mod audio;
 pub mod config;
@@ -154,6 +155,13 @@ impl Gateway {
         })
         .map(Some)
         .map_err(ServeError::Io)
+    }
+
+    /// Hands the gateway the supervisor's view of its backends (`/admin/box`, 503 while one
+    /// restarts). Call before [`Gateway::serve`]; a second call is ignored.
+    pub fn with_box(self, provider: Arc<dyn admin_box::BoxProvider>) -> Gateway {
+        let _ = self.state.box_provider.set(provider);
+        self
     }
 
     pub fn gate(&self) -> &Gate {

@@ -101,6 +101,11 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     limits::check(lane, route, &facts, bytes.len()).await?;
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes);
     let deadline = admit::deadline(arrival, lane, &parts.headers);
+    // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
+    if let Some(e) = crate::admin_box::unavailable(&s, lane.name(), &lane.config.spec.upstreams) {
+        s.telemetry.outcome(lane.name(), "backend_unavailable");
+        return Err(e);
+    }
     let permit = match admit::admit(&s, lane, &facts, deadline).await {
         Ok(permit) => permit,
         Err(rejection) => return admit::refused(&s, lane, route, &facts, &rejection),

@@ -1,0 +1,201 @@
+//! `GET /admin/box`: the state of the backends a supervisor (`headroom up`) runs behind this
+//! gateway, fed by a [`BoxProvider`] the supervisor hands in. Without a provider the route
+//! answers 404, as any unknown route. The same figures are rendered into `/metrics`, and a lane
+//! whose every upstream belongs to a backend that is not serving (restarting, starting, failed)
+//! answers 503 with Retry-After at once instead of a 502 from a refused connection.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+
+/// What a backend is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendState {
+    Starting,
+    Measuring,
+    Ready,
+    Restarting,
+    Failed,
+    Stopped,
+}
+
+impl BackendState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Starting => "starting",
+            BackendState::Measuring => "measuring",
+            BackendState::Ready => "ready",
+            BackendState::Restarting => "restarting",
+            BackendState::Failed => "failed",
+            BackendState::Stopped => "stopped",
+        }
+    }
+}
+
+/// One backend as `/admin/box` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackendReport {
+    pub name: String,
+    /// `audio` or `text`.
+    pub role: String,
+    pub engine: String,
+    pub pid: Option<u32>,
+    pub state: BackendState,
+    /// `http://127.0.0.1:PORT`: the upstream the gateway's lanes use.
+    pub upstream: String,
+    /// Steady idle memory measured after the warm-up.
+    pub resident_bytes: u64,
+    /// The highest memory seen while measuring.
+    pub peak_bytes: u64,
+    /// Memory of the process tree now.
+    pub current_bytes: u64,
+    pub restarts: u64,
+    /// Set when memory grew past the measured peak by more than the drift margin.
+    pub drifted: bool,
+    /// While restarting: how long until the next attempt is healthy at the earliest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// For the text engine: the memory flags `up` computed (and the environment it set).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    /// For the text engine: what the plan said against what the engine's start-up log says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_check: Option<serde_json::Value>,
+}
+
+/// The whole box.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BoxReport {
+    /// `host` or `nvml`.
+    pub probe: String,
+    pub capacity_bytes: u64,
+    pub margin_bytes: u64,
+    /// Memory the text engine was given: capacity − audio peaks − co-tenants − margin.
+    pub text_budget_bytes: u64,
+    pub backends: Vec<BackendReport>,
+}
+
+/// Hands the gateway the box's current state. Implemented by the supervisor; must be cheap
+/// (it is read on every request that would go to a backend the box runs).
+pub trait BoxProvider: Send + Sync {
+    fn report(&self) -> BoxReport;
+}
+
+/// The 503 for a lane whose every upstream is a backend of the box that is not serving now.
+pub fn unavailable(state: &AppState, lane: &str, upstreams: &[String]) -> Option<ApiError> {
+    let provider = state.box_provider.get()?;
+    let report = provider.report();
+    let mut retry = Duration::ZERO;
+    for upstream in upstreams {
+        let backend = report.backends.iter().find(|b| &b.upstream == upstream)?;
+        if backend.state == BackendState::Ready {
+            return None;
+        }
+        let ms = backend.retry_after_ms.unwrap_or(1000);
+        retry = retry.max(Duration::from_millis(ms));
+    }
+    let mut err = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "backend_unavailable",
+        format!("lane `{lane}`: its backend is restarting; retry shortly"),
+    );
+    err.retry_after = Some(retry.max(Duration::from_secs(1)));
+    Some(err)
+}
+
+/// The `/admin/box` handler.
+pub async fn handler(State(s): State<Arc<AppState>>) -> Response {
+    match s.box_provider.get() {
+        Some(provider) => axum::Json(provider.report()).into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_route",
+            "no route GET /admin/box (this gateway does not run under headroom up)",
+        )
+        .into_response(),
+    }
+}
+
+/// A metric name, its help text and how to read it off a backend.
+type Gauge = (&'static str, &'static str, fn(&BackendReport) -> f64);
+
+/// The box's figures in Prometheus text format (appended to `/metrics`); empty without a provider.
+pub fn render_metrics(state: &AppState) -> String {
+    let Some(provider) = state.box_provider.get() else {
+        return String::new();
+    };
+    let report = provider.report();
+    let mut out = String::new();
+    let gauges: [Gauge; 5] = [
+        (
+            "headroom_box_backend_resident_bytes",
+            "Steady idle memory measured after warm-up",
+            |b| b.resident_bytes as f64,
+        ),
+        (
+            "headroom_box_backend_peak_bytes",
+            "Highest memory seen while measuring",
+            |b| b.peak_bytes as f64,
+        ),
+        (
+            "headroom_box_backend_memory_bytes",
+            "Memory of the backend's process tree now",
+            |b| b.current_bytes as f64,
+        ),
+        (
+            "headroom_box_backend_restarts_total",
+            "Restarts after the backend exited",
+            |b| b.restarts as f64,
+        ),
+        (
+            "headroom_box_backend_drifted",
+            "1 when memory grew past the measured peak by more than the margin",
+            |b| if b.drifted { 1.0 } else { 0.0 },
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for b in &report.backends {
+            let _ = writeln!(
+                out,
+                "{name}{{backend=\"{}\",role=\"{}\"}} {}",
+                b.name,
+                b.role,
+                value(b)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP headroom_box_backend_up 1 when the backend is ready\n# TYPE headroom_box_backend_up gauge"
+    );
+    for b in &report.backends {
+        let _ = writeln!(
+            out,
+            "headroom_box_backend_up{{backend=\"{}\",state=\"{}\"}} {}",
+            b.name,
+            b.state.as_str(),
+            u8::from(b.state == BackendState::Ready)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP headroom_box_text_budget_bytes Memory given to the text engine\n# TYPE headroom_box_text_budget_bytes gauge\nheadroom_box_text_budget_bytes {}",
+        report.text_budget_bytes
+    );
+    out
+}

@@ -1,0 +1,835 @@
+//! The box file (`headroom up --config box.toml`): the memory pool (`[memory]`, the same keys and
+//! meaning as in `serve`'s config), the backends in start order (`[[backends]]`) and the gateway
+//! (`[serve]`). Parsing, defaults and validation with the offending key named; paths are resolved
+//! against the box file's folder, and files the sequence needs (commands, warm-up requests, the
+//! text model) are checked before anything starts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use headroom_plan::units::{BareNumber, parse_duration, parse_size};
+use serde::Deserialize;
+
+use crate::UpError;
+
+/// Which memory the box shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    /// An NVIDIA GPU read through NVML.
+    Nvml,
+    /// Host RAM: each backend's use is its process tree's PSS (else RSS) from /proc.
+    Host,
+}
+
+impl ProbeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeKind::Nvml => "nvml",
+            ProbeKind::Host => "host",
+        }
+    }
+}
+
+/// `[memory]` after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryConfig {
+    pub probe: ProbeKind,
+    /// NVML device index (0 for the host pool).
+    pub device: u32,
+    /// The pool's size; `None` = the device's total (NVML) or MemTotal (host).
+    pub capacity: Option<u64>,
+    /// Memory kept free on top of everything.
+    pub margin: u64,
+    /// Other processes that share the pool (PIDs or process names), counted as co-tenants.
+    pub watch: Vec<String>,
+}
+
+/// `audio` or `text`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Audio,
+    Text,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Audio => "audio",
+            Role::Text => "text",
+        }
+    }
+}
+
+/// What a backend runs, which decides how its flags are computed and its log is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Vllm,
+    LlamaCpp,
+    Whisper,
+    Other,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::LlamaCpp => "llamacpp",
+            Engine::Whisper => "whisper",
+            Engine::Other => "other",
+        }
+    }
+}
+
+/// A representative job run against an audio backend while its memory is sampled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Warmup {
+    /// Route the job is posted to, e.g. `/v1/audio/transcriptions`.
+    pub path: String,
+    /// Audio file sent as the multipart field `file` (transcription), or
+    pub file: Option<PathBuf>,
+    /// a JSON body sent as is (speech: `{"input": "...", "voice": "..."}`).
+    pub json: Option<String>,
+    /// Extra multipart form fields sent with `file`.
+    pub form: BTreeMap<String, String>,
+    /// How many times to run it.
+    pub runs: u32,
+    /// Deadline for one run.
+    pub timeout: Duration,
+}
+
+/// What the text engine should get; `up` turns the budget into its flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextPlan {
+    /// GGUF file (llama.cpp) or model directory / Hugging Face id / catalog name (vLLM).
+    pub model: String,
+    /// Tokens each sequence should hold (llama.cpp per-slot context, vLLM `--max-model-len`).
+    pub context: u64,
+    /// The shortest context still worth starting: below it `up` refuses (exit 3).
+    pub min_context: u64,
+    /// Most sequences at once (llama.cpp `--parallel`, vLLM `--max-num-seqs`).
+    pub max_parallel: u64,
+    /// Memory the engine's runtime holds beside weights, KV and compute buffers.
+    pub overhead: u64,
+    /// llama.cpp's micro-batch (`-ub`), for its compute-buffer estimate.
+    pub ubatch: u64,
+}
+
+/// One `[[backends]]` entry after validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    pub name: String,
+    pub role: Role,
+    pub engine: Engine,
+    /// Program to run (resolved against the box folder when it contains a `/`).
+    pub command: PathBuf,
+    /// Arguments; `{port}` is replaced by `port`.
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub port: u16,
+    pub health: String,
+    pub ready_timeout: Duration,
+    /// Window over which memory must stay flat to count as steady, and the longest wait.
+    pub steady_window: Duration,
+    pub steady_timeout: Duration,
+    pub warmup: Option<Warmup>,
+    pub text: Option<TextPlan>,
+    /// Grace period between SIGTERM and SIGKILL when stopping.
+    pub stop_grace: Duration,
+}
+
+impl BackendConfig {
+    pub fn upstream(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The arguments with `{port}` filled in.
+    pub fn expanded_args(&self) -> Vec<String> {
+        let port = self.port.to_string();
+        self.args
+            .iter()
+            .map(|a| a.replace("{port}", &port))
+            .collect()
+    }
+}
+
+/// `[serve]` after validation: the gateway's own keys, passed on to `serve`'s config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeSection {
+    pub listen: SocketAddr,
+    /// Keys of `serve`'s top level (api_keys, shutdown_grace, max_inflight_total, ...), as given.
+    pub top: toml::Table,
+    /// Per-lane keys that override the derived lanes, by lane (= backend) name.
+    pub lanes: BTreeMap<String, toml::Table>,
+}
+
+/// The whole box.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BoxConfig {
+    /// The box file's folder: backends run there and relative paths start there.
+    pub dir: PathBuf,
+    pub memory: MemoryConfig,
+    pub backends: Vec<BackendConfig>,
+    pub serve: ServeSection,
+    /// Restart backoff: first delay and cap.
+    pub restart_backoff: Duration,
+    pub restart_backoff_max: Duration,
+    /// Growth past the measured peak that is reported as drift (fraction of the peak).
+    pub drift_margin: f64,
+    /// Sampling interval while measuring.
+    pub sample_interval: Duration,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBox {
+    memory: RawMemory,
+    #[serde(default)]
+    backends: Vec<RawBackend>,
+    serve: Option<toml::Table>,
+    restart_backoff: Option<String>,
+    restart_backoff_max: Option<String>,
+    drift_margin: Option<f64>,
+    sample_interval: Option<String>,
+}
+
+/// `[memory]` exactly as `serve`'s config spells it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMemory {
+    probe: String,
+    device: Option<i64>,
+    capacity: Option<toml::Value>,
+    margin: Option<toml::Value>,
+    #[serde(default)]
+    watch: Vec<toml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    name: String,
+    role: String,
+    engine: Option<String>,
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    port: i64,
+    health: Option<String>,
+    ready_timeout: Option<String>,
+    steady_window: Option<String>,
+    steady_timeout: Option<String>,
+    stop_grace: Option<String>,
+    warmup: Option<RawWarmup>,
+    model: Option<String>,
+    context: Option<i64>,
+    min_context: Option<i64>,
+    max_parallel: Option<i64>,
+    overhead: Option<toml::Value>,
+    ubatch: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWarmup {
+    path: Option<String>,
+    file: Option<String>,
+    json: Option<String>,
+    #[serde(default)]
+    form: BTreeMap<String, String>,
+    runs: Option<i64>,
+    timeout: Option<String>,
+}
+
+fn bad(key: impl Into<String>, message: impl Into<String>) -> UpError {
+    UpError::Config {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+fn size(key: &str, v: &toml::Value) -> Result<u64, UpError> {
+    match v {
+        toml::Value::Integer(i) if *i >= 0 => Ok(*i as u64),
+        toml::Value::String(s) => parse_size(s).map_err(|e| {
+            bad(
+                key,
+                format!("`{s}` is not a size like 512MiB or 8GiB ({e})"),
+            )
+        }),
+        _ => Err(bad(
+            key,
+            "must be a byte count or a size like 512MiB or 8GiB",
+        )),
+    }
+}
+
+fn duration(key: &str, v: Option<&String>, default: Duration) -> Result<Duration, UpError> {
+    match v {
+        None => Ok(default),
+        Some(s) => parse_duration(s, BareNumber::Seconds)
+            .ok_or_else(|| bad(key, format!("`{s}` is not a duration like 500ms, 5s or 2m"))),
+    }
+}
+
+fn count(key: &str, v: Option<i64>, default: u64, min: i64) -> Result<u64, UpError> {
+    match v {
+        None => Ok(default),
+        Some(n) if n >= min => Ok(n as u64),
+        Some(n) => Err(bad(key, format!("{n} is below the minimum {min}"))),
+    }
+}
+
+impl BoxConfig {
+    /// Reads and validates a box file.
+    pub fn load(path: &Path) -> Result<BoxConfig, UpError> {
+        let text = std::fs::read_to_string(path).map_err(|e| UpError::Io {
+            what: format!("box file {}", path.display()),
+            source: e,
+        })?;
+        let dir = path
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from("."));
+        // Absolute, so paths mean the same from the backends' working folder (this one).
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+        Self::parse(&text, &dir)
+    }
+
+    /// Parses a box file's text; `dir` is the folder relative paths start from.
+    pub fn parse(text: &str, dir: &Path) -> Result<BoxConfig, UpError> {
+        let raw: RawBox =
+            toml::from_str(text).map_err(|e| UpError::Toml(flatten(&e.to_string())))?;
+        let memory = memory(raw.memory)?;
+        if raw.backends.is_empty() {
+            return Err(bad(
+                "backends",
+                "at least one [[backends]] table is required",
+            ));
+        }
+        let mut backends = Vec::new();
+        for (i, b) in raw.backends.into_iter().enumerate() {
+            backends.push(backend(i, b, dir)?);
+        }
+        check_backends(&backends)?;
+        let serve = serve_section(raw.serve.unwrap_or_default(), &backends)?;
+        let drift_margin = raw.drift_margin.unwrap_or(0.1);
+        if !(drift_margin.is_finite() && drift_margin >= 0.0) {
+            return Err(bad("drift_margin", "must be a fraction of 0 or more"));
+        }
+        let sample_interval = duration(
+            "sample_interval",
+            raw.sample_interval.as_ref(),
+            Duration::from_millis(25),
+        )?;
+        if sample_interval > Duration::from_millis(50) || sample_interval < Duration::from_millis(5)
+        {
+            return Err(bad(
+                "sample_interval",
+                "must be between 5ms and 50ms (at least 20 samples a second)",
+            ));
+        }
+        Ok(BoxConfig {
+            dir: dir.to_path_buf(),
+            memory,
+            backends,
+            serve,
+            restart_backoff: duration(
+                "restart_backoff",
+                raw.restart_backoff.as_ref(),
+                Duration::from_secs(1),
+            )?,
+            restart_backoff_max: duration(
+                "restart_backoff_max",
+                raw.restart_backoff_max.as_ref(),
+                Duration::from_secs(30),
+            )?,
+            drift_margin,
+            sample_interval,
+        })
+    }
+
+    pub fn audio(&self) -> impl Iterator<Item = &BackendConfig> {
+        self.backends.iter().filter(|b| b.role == Role::Audio)
+    }
+
+    pub fn text(&self) -> Option<&BackendConfig> {
+        self.backends.iter().find(|b| b.role == Role::Text)
+    }
+}
+
+fn flatten(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn memory(raw: RawMemory) -> Result<MemoryConfig, UpError> {
+    let probe = match raw.probe.as_str() {
+        "nvml" => ProbeKind::Nvml,
+        "host" => ProbeKind::Host,
+        other => {
+            return Err(bad(
+                "memory.probe",
+                format!("`{other}` is not nvml or host"),
+            ));
+        }
+    };
+    let device = match raw.device {
+        None => 0,
+        Some(d) if d >= 0 => d as u32,
+        Some(_) => return Err(bad("memory.device", "must be a device index (0 or more)")),
+    };
+    let capacity = match &raw.capacity {
+        None => None,
+        Some(toml::Value::String(s)) if s == "auto" => None,
+        Some(v) => Some(size("memory.capacity", v)?).filter(|c| *c > 0),
+    };
+    if raw.capacity.is_some()
+        && capacity.is_none()
+        && !matches!(&raw.capacity, Some(toml::Value::String(s)) if s == "auto")
+    {
+        return Err(bad("memory.capacity", "must be more than 0"));
+    }
+    let margin = match &raw.margin {
+        None => 256 * 1024 * 1024,
+        Some(v) => size("memory.margin", v)?,
+    };
+    let mut watch = Vec::new();
+    for w in raw.watch {
+        match w {
+            toml::Value::String(s) if !s.is_empty() => watch.push(s),
+            toml::Value::Integer(i) if i > 0 => watch.push(i.to_string()),
+            _ => return Err(bad("memory.watch", "entries are PIDs or process names")),
+        }
+    }
+    Ok(MemoryConfig {
+        probe,
+        device,
+        capacity,
+        margin,
+        watch,
+    })
+}
+
+fn resolve(dir: &Path, p: &str) -> PathBuf {
+    let path = Path::new(p);
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        dir.join(path)
+    }
+}
+
+fn backend(i: usize, raw: RawBackend, dir: &Path) -> Result<BackendConfig, UpError> {
+    let name = raw.name.trim().to_string();
+    let k = |key: &str| format!("backends[{i}] ({name}).{key}");
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(bad(
+            format!("backends[{i}].name"),
+            "must be non-empty letters, digits, - or _",
+        ));
+    }
+    let role = match raw.role.as_str() {
+        "audio" => Role::Audio,
+        "text" => Role::Text,
+        other => return Err(bad(k("role"), format!("`{other}` is not audio or text"))),
+    };
+    let engine = match raw.engine.as_deref().unwrap_or("other") {
+        "vllm" => Engine::Vllm,
+        "llamacpp" | "llama.cpp" => Engine::LlamaCpp,
+        "whisper" => Engine::Whisper,
+        "other" => Engine::Other,
+        other => {
+            return Err(bad(
+                k("engine"),
+                format!("`{other}` is not vllm, llamacpp, whisper or other"),
+            ));
+        }
+    };
+    if raw.command.trim().is_empty() {
+        return Err(bad(k("command"), "must name a program"));
+    }
+    let command = if raw.command.contains('/') {
+        resolve(dir, &raw.command)
+    } else {
+        PathBuf::from(&raw.command)
+    };
+    let port = u16::try_from(raw.port)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            bad(
+                k("port"),
+                format!("{} is not a TCP port (1-65535)", raw.port),
+            )
+        })?;
+    let health = raw.health.unwrap_or_else(|| "/health".into());
+    if !health.starts_with('/') {
+        return Err(bad(k("health"), "must be a path starting with /"));
+    }
+    let warmup = match raw.warmup {
+        None => None,
+        Some(w) => Some(warmup(&k, w, dir, engine)?),
+    };
+    if role == Role::Text && warmup.is_some() {
+        return Err(bad(k("warmup"), "only audio backends take a warm-up job"));
+    }
+    let text = if role == Role::Text {
+        if !matches!(engine, Engine::Vllm | Engine::LlamaCpp) {
+            return Err(bad(
+                k("engine"),
+                "the text backend must be vllm or llamacpp, so up can compute its memory flags",
+            ));
+        }
+        let model = raw.model.ok_or_else(|| {
+            bad(
+                k("model"),
+                "the text backend needs the model its flags are planned from",
+            )
+        })?;
+        let context = count(&k("context"), raw.context, 2048, 16)?;
+        let min_context = count(&k("min_context"), raw.min_context, context.min(512), 16)?;
+        if min_context > context {
+            return Err(bad(k("min_context"), "must not be above context"));
+        }
+        let default_overhead = match engine {
+            Engine::Vllm => 0,
+            _ => 64 * 1024 * 1024,
+        };
+        Some(TextPlan {
+            model,
+            context,
+            min_context,
+            max_parallel: count(&k("max_parallel"), raw.max_parallel, 4, 1)?,
+            overhead: match &raw.overhead {
+                None => default_overhead,
+                Some(v) => size(&k("overhead"), v)?,
+            },
+            ubatch: count(&k("ubatch"), raw.ubatch, 512, 1)?,
+        })
+    } else {
+        if raw.model.is_some() || raw.context.is_some() || raw.max_parallel.is_some() {
+            return Err(bad(
+                k("model"),
+                "model, context and max_parallel belong to the text backend",
+            ));
+        }
+        None
+    };
+    Ok(BackendConfig {
+        name: name.clone(),
+        role,
+        engine,
+        command,
+        args: raw.args,
+        env: raw.env,
+        port,
+        health,
+        ready_timeout: duration(
+            &k("ready_timeout"),
+            raw.ready_timeout.as_ref(),
+            Duration::from_secs(120),
+        )?,
+        steady_window: duration(
+            &k("steady_window"),
+            raw.steady_window.as_ref(),
+            Duration::from_secs(2),
+        )?,
+        steady_timeout: duration(
+            &k("steady_timeout"),
+            raw.steady_timeout.as_ref(),
+            Duration::from_secs(30),
+        )?,
+        stop_grace: duration(
+            &k("stop_grace"),
+            raw.stop_grace.as_ref(),
+            Duration::from_secs(10),
+        )?,
+        warmup,
+        text,
+    })
+}
+
+fn warmup(
+    k: &dyn Fn(&str) -> String,
+    raw: RawWarmup,
+    dir: &Path,
+    engine: Engine,
+) -> Result<Warmup, UpError> {
+    let path = raw.path.unwrap_or_else(|| match engine {
+        Engine::Whisper => "/v1/audio/transcriptions".into(),
+        _ => String::new(),
+    });
+    if !path.starts_with('/') {
+        return Err(bad(
+            k("warmup.path"),
+            "must be the route the job is posted to, e.g. /v1/audio/transcriptions",
+        ));
+    }
+    if raw.file.is_some() == raw.json.is_some() {
+        return Err(bad(
+            k("warmup"),
+            "give exactly one of file (an audio clip) or json (a request body)",
+        ));
+    }
+    let file = raw.file.map(|f| resolve(dir, &f));
+    if let Some(f) = &file
+        && !f.is_file()
+    {
+        return Err(bad(
+            k("warmup.file"),
+            format!("{} does not exist", f.display()),
+        ));
+    }
+    Ok(Warmup {
+        path,
+        file,
+        json: raw.json,
+        form: raw.form,
+        runs: count(&k("warmup.runs"), raw.runs, 3, 1)? as u32,
+        timeout: duration(
+            &k("warmup.timeout"),
+            raw.timeout.as_ref(),
+            Duration::from_secs(120),
+        )?,
+    })
+}
+
+fn check_backends(backends: &[BackendConfig]) -> Result<(), UpError> {
+    let texts = backends.iter().filter(|b| b.role == Role::Text).count();
+    if texts > 1 {
+        return Err(bad(
+            "backends",
+            "at most one backend may have role = \"text\"",
+        ));
+    }
+    for (i, a) in backends.iter().enumerate() {
+        for b in &backends[..i] {
+            if a.name == b.name {
+                return Err(bad(
+                    "backends",
+                    format!("two backends are named `{}`", a.name),
+                ));
+            }
+            if a.port == b.port {
+                return Err(bad(
+                    "backends",
+                    format!("`{}` and `{}` both use port {}", b.name, a.name, a.port),
+                ));
+            }
+        }
+    }
+    if let Some(text) = backends.iter().position(|b| b.role == Role::Text)
+        && backends[text + 1..].iter().any(|b| b.role == Role::Audio)
+    {
+        return Err(bad(
+            "backends",
+            "list the audio backends before the text backend: it gets what they leave",
+        ));
+    }
+    Ok(())
+}
+
+fn serve_section(
+    mut table: toml::Table,
+    backends: &[BackendConfig],
+) -> Result<ServeSection, UpError> {
+    let listen_text = match table.remove("listen") {
+        None => "127.0.0.1:8080".to_string(),
+        Some(toml::Value::String(s)) => s,
+        Some(_) => return Err(bad("serve.listen", "must be a string HOST:PORT")),
+    };
+    let listen: SocketAddr = listen_text
+        .parse()
+        .map_err(|_| bad("serve.listen", format!("`{listen_text}` is not HOST:PORT")))?;
+    if backends.iter().any(|b| b.port == listen.port()) {
+        return Err(bad(
+            "serve.listen",
+            format!("port {} is also a backend's port", listen.port()),
+        ));
+    }
+    let mut lanes = BTreeMap::new();
+    match table.remove("lanes") {
+        None => {}
+        Some(toml::Value::Table(t)) => {
+            for (name, v) in t {
+                if !backends.iter().any(|b| b.name == name) {
+                    return Err(bad(
+                        format!("serve.lanes.{name}"),
+                        "names no backend; lanes are named after their backend",
+                    ));
+                }
+                match v {
+                    toml::Value::Table(t) => {
+                        lanes.insert(name, t);
+                    }
+                    _ => {
+                        return Err(bad(
+                            format!("serve.lanes.{name}"),
+                            "must be a table of lane keys",
+                        ));
+                    }
+                }
+            }
+        }
+        Some(_) => {
+            return Err(bad(
+                "serve.lanes",
+                "must be a table: [serve.lanes.BACKEND] with lane keys",
+            ));
+        }
+    }
+    Ok(ServeSection {
+        listen,
+        top: table,
+        lanes,
+    })
+}
+
+/// Resolves the text model: a path relative to the box folder (a glob like
+/// `lib/python3*/site-packages/pkg/*.gguf` picks the first match), else the name as given
+/// (a Hugging Face id or catalog name for vLLM).
+pub fn resolve_model(dir: &Path, model: &str) -> Result<String, UpError> {
+    let candidate = resolve(dir, model);
+    if candidate.exists() {
+        return Ok(candidate.display().to_string());
+    }
+    if model.contains(['*', '?', '[']) {
+        let pattern = candidate.display().to_string();
+        let mut found = glob::glob(&pattern)
+            .map_err(|e| bad("model", format!("`{model}` is not a valid pattern: {e}")))?
+            .flatten();
+        return found
+            .next()
+            .map(|p| p.display().to_string())
+            .ok_or_else(|| bad("model", format!("no file matches {pattern}")));
+    }
+    if model.starts_with('.') || model.starts_with('/') {
+        return Err(bad(
+            "model",
+            format!("{} does not exist", candidate.display()),
+        ));
+    }
+    Ok(model.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[memory]
+probe = "host"
+capacity = "4GiB"
+margin = "128MiB"
+
+[[backends]]
+name = "stt"
+role = "audio"
+engine = "whisper"
+command = "whisper-server"
+args = ["--port", "{port}"]
+port = 20081
+
+[[backends]]
+name = "llm"
+role = "text"
+engine = "llamacpp"
+command = "llama-server"
+port = 20080
+model = "model.gguf"
+
+[serve]
+listen = "127.0.0.1:20000"
+shutdown_grace = "5s"
+[serve.lanes.llm]
+max_output_tokens = 256
+"#;
+
+    #[test]
+    fn a_minimal_box_parses_with_defaults() {
+        let b = BoxConfig::parse(MINIMAL, Path::new("/box")).unwrap();
+        assert_eq!(b.memory.probe, ProbeKind::Host);
+        assert_eq!(b.memory.capacity, Some(4 << 30));
+        assert_eq!(b.memory.margin, 128 << 20);
+        assert_eq!(b.backends[0].expanded_args(), vec!["--port", "20081"]);
+        assert_eq!(b.backends[0].health, "/health");
+        let text = b.text().unwrap().text.as_ref().unwrap();
+        assert_eq!(
+            (text.context, text.min_context, text.max_parallel),
+            (2048, 512, 4)
+        );
+        assert_eq!(b.serve.listen.port(), 20000);
+        assert!(b.serve.top.contains_key("shutdown_grace"));
+        assert!(b.serve.lanes["llm"].contains_key("max_output_tokens"));
+    }
+
+    fn err(text: &str) -> String {
+        BoxConfig::parse(text, Path::new("/box"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn bad_keys_are_named() {
+        assert!(err(&MINIMAL.replace("\"host\"", "\"tpu\"")).contains("memory.probe"));
+        assert!(
+            err(&MINIMAL.replace("port = 20080", "port = 20081")).contains("both use port 20081")
+        );
+        assert!(err(&MINIMAL.replace("role = \"audio\"", "role = \"video\"")).contains("role"));
+        assert!(err(&MINIMAL.replace("model = \"model.gguf\"", "")).contains("model"));
+        assert!(
+            err(&MINIMAL.replace("[serve.lanes.llm]", "[serve.lanes.nope]"))
+                .contains("serve.lanes.nope")
+        );
+        assert!(
+            err(&MINIMAL.replace("capacity = \"4GiB\"", "capacity = \"lots\""))
+                .contains("memory.capacity")
+        );
+        assert!(err(&format!("unknown = 1\n{MINIMAL}")).contains("unknown"));
+    }
+
+    #[test]
+    fn a_missing_warmup_file_is_refused_before_anything_starts() {
+        let text = MINIMAL.replace(
+            "port = 20081\n",
+            "port = 20081\n[backends.warmup]\nfile = \"no-such.wav\"\n",
+        );
+        let e = err(&text);
+        assert!(
+            e.contains("warmup.file") && e.contains("no-such.wav"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_text_backend_comes_last() {
+        let text = MINIMAL.replace(
+            "[serve]",
+            "[[backends]]\nname = \"tts\"\nrole = \"audio\"\ncommand = \"x\"\nport = 20082\n[serve]",
+        );
+        assert!(err(&text).contains("before the text backend"));
+    }
+
+    #[test]
+    fn models_resolve_by_glob() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("lib/python3.11/pkg")).unwrap();
+        std::fs::write(dir.path().join("lib/python3.11/pkg/m.gguf"), b"x").unwrap();
+        let found = resolve_model(dir.path(), "lib/python3*/pkg/*.gguf").unwrap();
+        assert!(found.ends_with("lib/python3.11/pkg/m.gguf"), "{found}");
+        assert!(resolve_model(dir.path(), "lib/none*/x.gguf").is_err());
+        assert_eq!(resolve_model(dir.path(), "org/model").unwrap(), "org/model");
+    }
+}

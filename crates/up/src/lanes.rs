@@ -1,0 +1,192 @@
+//! The gateway's lanes, derived from the box and its measured figures: one lane per backend,
+//! named after it. Audio lanes admit a job only while the pool has the backend's measured
+//! per-job memory free (its peak − resident, plus per audio-second where measured); the text
+//! lane runs as many requests at once as the engine has sequences. `[serve.lanes.NAME]` keys
+//! override what is derived. The result is `serve`'s own configuration, validated by `serve`.
+
+use headroom_server::ServeConfig;
+
+use crate::UpError;
+use crate::boxfile::{BackendConfig, BoxConfig, Engine, Role};
+
+/// What one lane is derived from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaneFigures {
+    pub backend: String,
+    /// Memory one job adds at its peak (audio).
+    pub per_job_bytes: u64,
+    /// Memory per second of audio on top (audio, where the warm-up clip had a duration).
+    pub per_audio_second_bytes: Option<u64>,
+    /// Requests at once (text: the engine's sequences; audio: 1).
+    pub max_inflight: u64,
+}
+
+fn audio_paths(b: &BackendConfig) -> Vec<String> {
+    match b.engine {
+        Engine::Whisper => vec![
+            "/v1/audio/transcriptions".into(),
+            "/v1/audio/translations".into(),
+        ],
+        _ => match &b.warmup {
+            Some(w) if !w.path.is_empty() => vec![w.path.clone()],
+            _ => vec!["/v1/audio/speech".into()],
+        },
+    }
+}
+
+fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
+    let mut t = toml::Table::new();
+    let s = |v: &str| toml::Value::String(v.into());
+    let i = |v: u64| toml::Value::Integer(v.min(i64::MAX as u64) as i64);
+    t.insert("name".into(), s(&b.name));
+    t.insert(
+        "upstreams".into(),
+        toml::Value::Array(vec![s(&b.upstream())]),
+    );
+    t.insert("max_inflight".into(), i(f.max_inflight.max(1)));
+    t.insert("policy".into(), s("queue"));
+    t.insert("request_timeout".into(), s("120s"));
+    match b.role {
+        Role::Audio => {
+            let paths = audio_paths(b).iter().map(|p| s(p)).collect();
+            t.insert("paths".into(), toml::Value::Array(paths));
+            t.insert("max_queue".into(), i(8));
+            t.insert("queue_timeout".into(), s("30s"));
+            t.insert("priority".into(), i(10));
+            t.insert("gpu_device".into(), i(device as u64));
+            t.insert("gpu_memory_per_job".into(), i(f.per_job_bytes));
+            if let Some(per_second) = f.per_audio_second_bytes {
+                t.insert("gpu_memory_per_audio_second".into(), i(per_second));
+            }
+        }
+        Role::Text => {
+            t.insert(
+                "paths".into(),
+                toml::Value::Array(vec![s("/v1/chat/completions"), s("/v1/completions")]),
+            );
+            t.insert("max_queue".into(), i(4));
+            t.insert("queue_timeout".into(), s("10s"));
+            t.insert("priority".into(), i(1));
+            if let Some(engine) = match b.engine {
+                Engine::Vllm => Some("vllm"),
+                Engine::LlamaCpp => Some("llamacpp"),
+                _ => None,
+            } {
+                t.insert("engine".into(), s(engine));
+            }
+        }
+    }
+    t
+}
+
+/// `serve`'s configuration for the box, as TOML text (shown by `up --print-serve-config`).
+pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
+    let mut top = config.serve.top.clone();
+    top.insert(
+        "listen".into(),
+        toml::Value::String(config.serve.listen.to_string()),
+    );
+    let mut lanes = Vec::new();
+    for b in &config.backends {
+        let Some(f) = figures.iter().find(|f| f.backend == b.name) else {
+            continue;
+        };
+        let mut t = lane_table(b, f, config.memory.device);
+        if let Some(overrides) = config.serve.lanes.get(&b.name) {
+            for (k, v) in overrides {
+                t.insert(k.clone(), v.clone());
+            }
+        }
+        lanes.push(toml::Value::Table(t));
+    }
+    top.insert("lanes".into(), toml::Value::Array(lanes));
+    toml::to_string(&top).unwrap_or_default()
+}
+
+/// `serve`'s validated configuration for the box.
+pub fn serve_config(config: &BoxConfig, figures: &[LaneFigures]) -> Result<ServeConfig, UpError> {
+    let text = serve_toml(config, figures);
+    ServeConfig::from_toml(&text).map_err(|e| UpError::Config {
+        key: "serve".into(),
+        message: format!("the derived gateway configuration is refused: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const BOX: &str = r#"
+[memory]
+probe = "host"
+capacity = "4GiB"
+[[backends]]
+name = "stt"
+role = "audio"
+engine = "whisper"
+command = "x"
+port = 20081
+[[backends]]
+name = "llm"
+role = "text"
+engine = "llamacpp"
+command = "y"
+port = 20080
+model = "m.gguf"
+[serve]
+listen = "127.0.0.1:20000"
+[serve.lanes.llm]
+yield_to = ["stt"]
+max_output_tokens = 128
+"#;
+
+    #[test]
+    fn lanes_carry_the_measured_figures() {
+        let b = BoxConfig::parse(BOX, Path::new("/")).unwrap();
+        let figures = [
+            LaneFigures {
+                backend: "stt".into(),
+                per_job_bytes: 40 << 20,
+                per_audio_second_bytes: Some(1_000_000),
+                max_inflight: 1,
+            },
+            LaneFigures {
+                backend: "llm".into(),
+                per_job_bytes: 0,
+                per_audio_second_bytes: None,
+                max_inflight: 3,
+            },
+        ];
+        let c = serve_config(&b, &figures).unwrap();
+        assert_eq!(c.listen.port(), 20000);
+        let stt = &c.lanes[0];
+        assert_eq!(stt.spec.name, "stt");
+        assert_eq!(stt.spec.upstreams, vec!["http://127.0.0.1:20081"]);
+        let gpu = stt.spec.gpu.as_ref().unwrap();
+        assert_eq!(gpu.bytes_per_job, 40 << 20);
+        assert_eq!(gpu.bytes_per_audio_second, 1_000_000);
+        let llm = &c.lanes[1];
+        assert_eq!(llm.spec.max_inflight, 3);
+        assert_eq!(llm.spec.yield_to, vec!["stt"]);
+        assert_eq!(llm.max_output_tokens, Some(128));
+        assert!(llm.paths.contains(&"/v1/chat/completions".to_string()));
+    }
+
+    #[test]
+    fn a_bad_override_is_reported_by_serve_s_own_validation() {
+        let b = BoxConfig::parse(
+            &BOX.replace("max_output_tokens = 128", "policy = \"sometimes\""),
+            Path::new("/"),
+        )
+        .unwrap();
+        let figures = [LaneFigures {
+            backend: "llm".into(),
+            per_job_bytes: 0,
+            per_audio_second_bytes: None,
+            max_inflight: 1,
+        }];
+        let e = serve_config(&b, &figures).unwrap_err().to_string();
+        assert!(e.contains("sometimes"), "{e}");
+    }
+}

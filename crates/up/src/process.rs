@@ -1,0 +1,306 @@
+//! Backend processes: each one started as the invoking user in its own process group (so the
+//! whole tree it forks can be signalled at once), its output appended to a log file, and stopped
+//! by group: SIGTERM, a grace period, then SIGKILL. [`Group`] kills its group when dropped, so
+//! no error path (a failed start-up, a panic unwinding) leaves a backend behind.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal, kill_process_group, test_kill_process_group};
+use tokio::process::{Child, Command};
+
+use crate::UpError;
+use crate::boxfile::BackendConfig;
+
+/// A running backend: the direct child and its process group (PGID = the child's PID).
+#[derive(Debug)]
+pub struct Group {
+    pub name: String,
+    pub pid: u32,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+/// Starts `backend` with `extra_args` and `extra_env` added, cwd = `dir`, output to `log`.
+pub fn spawn(
+    backend: &BackendConfig,
+    extra_args: &[String],
+    extra_env: &[(String, String)],
+    dir: &Path,
+    log: &Path,
+) -> Result<Group, UpError> {
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| UpError::Io {
+            what: format!("log file {}", log.display()),
+            source: e,
+        })?;
+    let err = out.try_clone().map_err(|e| UpError::Io {
+        what: format!("log file {}", log.display()),
+        source: e,
+    })?;
+    let mut cmd = Command::new(&backend.command);
+    cmd.args(backend.expanded_args())
+        .args(extra_args)
+        .envs(&backend.env)
+        .envs(extra_env.iter().map(|(k, v)| (k, v)))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Its own process group, so SIGTERM/SIGKILL reach every process it forks.
+        .process_group(0)
+        .kill_on_drop(false);
+    let child = cmd.spawn().map_err(|e| UpError::Spawn {
+        backend: backend.name.clone(),
+        command: backend.command.display().to_string(),
+        reason: if e.kind() == std::io::ErrorKind::NotFound {
+            "no such program".to_string()
+        } else {
+            e.to_string()
+        },
+    })?;
+    let pid = child.id().ok_or_else(|| UpError::Spawn {
+        backend: backend.name.clone(),
+        command: backend.command.display().to_string(),
+        reason: "exited at once".into(),
+    })?;
+    Ok(Group {
+        name: backend.name.clone(),
+        pid,
+        child: Some(child),
+        log: log.to_path_buf(),
+    })
+}
+
+impl Group {
+    fn pgid(&self) -> Option<Pid> {
+        Pid::from_raw(self.pid as i32)
+    }
+
+    /// Whether any process of the group still exists (zombies of the direct child count until
+    /// it is reaped, so reap first).
+    pub fn group_alive(&mut self) -> bool {
+        self.reap();
+        match self.pgid() {
+            Some(pgid) => test_kill_process_group(pgid).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Reaps the direct child if it has exited; returns its status then.
+    pub fn reap(&mut self) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                self.child = None;
+                Some(status)
+            }
+            _ => None,
+        }
+    }
+
+    /// Waits for the direct child to exit (the group may live on; see [`Group::stop`]).
+    pub async fn wait(&mut self) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let status = child.wait().await.ok();
+        self.child = None;
+        status
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(pgid) = self.pgid() {
+            // ESRCH: the group is gone already.
+            let _ = kill_process_group(pgid, sig);
+        }
+    }
+
+    /// SIGTERM to the group, up to `grace` for every process of it to exit, then SIGKILL.
+    /// Returns whether SIGKILL was needed.
+    pub async fn stop(&mut self, grace: Duration) -> bool {
+        if !self.group_alive() {
+            return false;
+        }
+        self.signal(Signal::TERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline {
+            if !self.group_alive() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.signal(Signal::KILL);
+        for _ in 0..100 {
+            if !self.group_alive() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// The last `n` lines of the log, for error messages.
+    pub fn log_tail(&self, n: usize) -> Vec<String> {
+        log_tail(&self.log, n)
+    }
+}
+
+/// The last `n` non-empty lines of a log file.
+pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<String> = text
+        .lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    lines[lines.len().saturating_sub(n)..].to_vec()
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // The last line of defence (errors, panics): no grace beyond a short wait.
+        if self.group_alive() {
+            self.signal(Signal::TERM);
+            for _ in 0..40 {
+                std::thread::sleep(Duration::from_millis(25));
+                if !self.group_alive() {
+                    return;
+                }
+            }
+            self.signal(Signal::KILL);
+            for _ in 0..40 {
+                if !self.group_alive() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        }
+    }
+}
+
+/// Fails when something already listens on 127.0.0.1:`port` (or it cannot be bound).
+pub fn check_port_free(name: &str, port: u16) -> Result<(), UpError> {
+    std::net::TcpListener::bind(("127.0.0.1", port))
+        .map(drop)
+        .map_err(|e| UpError::PortTaken {
+            backend: name.to_string(),
+            port,
+            reason: e.to_string(),
+        })
+}
+
+/// Finds `command` the way the shell would (a path with `/` as is, else on `PATH`).
+pub fn check_command(backend: &BackendConfig) -> Result<(), UpError> {
+    let cmd = &backend.command;
+    let found = if cmd.components().count() > 1 || cmd.is_absolute() {
+        cmd.is_file()
+    } else {
+        std::env::var_os("PATH")
+            .map(|paths| std::env::split_paths(&paths).any(|p| p.join(cmd).is_file()))
+            .unwrap_or(false)
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(UpError::Spawn {
+            backend: backend.name.clone(),
+            command: cmd.display().to_string(),
+            reason: "no such program".into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn backend(command: &str, args: &[&str]) -> BackendConfig {
+        BackendConfig {
+            name: "t".into(),
+            role: crate::boxfile::Role::Audio,
+            engine: crate::boxfile::Engine::Other,
+            command: command.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::new(),
+            port: 1,
+            health: "/health".into(),
+            ready_timeout: Duration::from_secs(1),
+            steady_window: Duration::from_secs(1),
+            steady_timeout: Duration::from_secs(1),
+            warmup: None,
+            text: None,
+            stop_grace: Duration::from_secs(1),
+        }
+    }
+
+    fn alive(pid: u32) -> bool {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z")
+    }
+
+    #[tokio::test]
+    async fn stop_kills_the_whole_group_even_a_child_that_ignores_sigterm() {
+        let dir = tempfile::tempdir().unwrap();
+        // The shell starts a child that ignores SIGTERM, prints its PID, and waits.
+        let b = backend(
+            "sh",
+            &[
+                "-c",
+                "sh -c 'trap \"\" TERM; echo $$; while :; do sleep 1; done' & wait",
+            ],
+        );
+        let mut g = spawn(&b, &[], &[], dir.path(), &dir.path().join("t.log")).unwrap();
+        let mut grandchild = None;
+        for _ in 0..100 {
+            if let Some(line) = g.log_tail(1).first() {
+                grandchild = line.trim().parse::<u32>().ok();
+                if grandchild.is_some() {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let grandchild = grandchild.expect("the grandchild printed its pid");
+        assert!(alive(grandchild));
+        let killed = g.stop(Duration::from_millis(300)).await;
+        assert!(killed, "SIGTERM alone cannot stop it");
+        assert!(!g.group_alive());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!alive(grandchild), "grandchild {grandchild} survived");
+    }
+
+    #[tokio::test]
+    async fn dropping_a_group_kills_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = backend("sleep", &["600"]);
+        let g = spawn(&b, &[], &[], dir.path(), &dir.path().join("t.log")).unwrap();
+        let pid = g.pid;
+        assert!(alive(pid));
+        drop(g);
+        assert!(!alive(pid));
+    }
+
+    #[test]
+    fn a_missing_command_is_named() {
+        let e = check_command(&backend("no-such-program-xyz", &[])).unwrap_err();
+        assert!(e.to_string().contains("no-such-program-xyz"), "{e}");
+        assert!(check_command(&backend("sh", &[])).is_ok());
+    }
+
+    #[test]
+    fn a_taken_port_is_refused() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let e = check_port_free("stt", port).unwrap_err();
+        assert!(e.to_string().contains(&port.to_string()), "{e}");
+    }
+}

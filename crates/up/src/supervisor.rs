@@ -1,0 +1,1140 @@
+//! The sequence: check everything that can be checked before starting anything (ports,
+//! commands, files), start the audio backends in order and measure each (steady idle, warm-up
+//! peak sampled at ≥ 20 Hz), compute the text engine's budget and flags, start it and compare its
+//! start-up log with the plan, keep the figures in the calibration file, then serve with derived
+//! lanes; meanwhile restart backends that exit (exponential backoff; their lane answers 503 +
+//! Retry-After until healthy) and report memory drift; on shutdown stop the gateway first, then
+//! the text engine, then the audio backends in reverse order, each by process group.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use headroom_gpu::calibration::{BackendCalibration, Calibration, calibration_path_for};
+use headroom_gpu::{GpuProbe, HostPool, NvmlProbe, Sample, Sampler, SamplerConfig, process_tree};
+use headroom_server::admin_box::{BackendReport, BackendState, BoxProvider, BoxReport};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::UpError;
+use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, resolve_model};
+use crate::budget::{AudioFootprint, Budget, CoTenants, mib};
+use crate::flags::{self, TextFlags};
+use crate::lanes::{LaneFigures, serve_config};
+use crate::process::{self, Group};
+use crate::steady::{SteadyRule, judge};
+use crate::warmup;
+
+/// How `up` runs.
+#[derive(Clone)]
+pub struct UpOptions {
+    /// The box file (the calibration file sits beside it).
+    pub box_path: PathBuf,
+    /// Measure again even when a calibration file exists.
+    pub recalibrate: bool,
+    /// Where backend logs go (default: a `NAME.log` per backend in a temporary folder).
+    pub log_dir: Option<PathBuf>,
+    /// Receives one line per step, as it happens.
+    pub progress: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+/// The box's state as `/admin/box` shows it.
+pub struct BoxStatus {
+    report: Mutex<BoxReport>,
+}
+
+impl BoxStatus {
+    fn lock(&self) -> MutexGuard<'_, BoxReport> {
+        self.report.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, name: &str, f: impl FnOnce(&mut BackendReport)) {
+        let mut report = self.lock();
+        if let Some(b) = report.backends.iter_mut().find(|b| b.name == name) {
+            f(b);
+        }
+    }
+}
+
+impl BoxProvider for BoxStatus {
+    fn report(&self) -> BoxReport {
+        self.lock().clone()
+    }
+}
+
+/// Memory readings of the pool: the probe, the sampler over it, and how a backend's bytes are
+/// found in a sample.
+struct Meter {
+    kind: ProbeKind,
+    device: u32,
+    capacity: u64,
+    pool: Option<HostPool>,
+    sampler: Sampler,
+}
+
+impl Meter {
+    /// The backend rooted at `root` in one sample: its member row on the host pool, the sum of
+    /// its tree's processes on a GPU.
+    fn bytes_in(&self, sample: &Sample, tree: &[u32]) -> u64 {
+        match self.kind {
+            ProbeKind::Host => tree
+                .first()
+                .map_or(0, |&root| sample.process_used_bytes(root)),
+            ProbeKind::Nvml => tree.iter().map(|&p| sample.process_used_bytes(p)).sum(),
+        }
+    }
+
+    fn tree(&self, root: u32) -> Vec<u32> {
+        match self.kind {
+            ProbeKind::Host => vec![root],
+            ProbeKind::Nvml => process_tree(root),
+        }
+    }
+
+    /// `(ts_ms, bytes)` of the backend rooted at `root` since `since_ms`.
+    fn series(&self, root: u32, since_ms: u64) -> Vec<(u64, u64)> {
+        let tree = self.tree(root);
+        self.sampler
+            .since(since_ms)
+            .iter()
+            .filter(|s| s.gpu == self.device)
+            .map(|s| (s.ts_ms, self.bytes_in(s, &tree)))
+            .collect()
+    }
+
+    fn now_bytes(&self, root: u32) -> u64 {
+        let tree = self.tree(root);
+        self.sampler
+            .latest()
+            .iter()
+            .find(|s| s.gpu == self.device)
+            .map_or(0, |s| self.bytes_in(s, &tree))
+    }
+
+    fn join(&self, name: &str, pid: u32) {
+        if let Some(pool) = &self.pool {
+            pool.set_member(name, pid);
+        }
+    }
+}
+
+/// A backend started during bring-up: its config, its process group, and the extra
+/// arguments and environment it was started with (kept for restarts).
+type Started = (BackendConfig, Group, Vec<String>, Vec<(String, String)>);
+
+/// Resolves once the stop flag is set (and never when its sender is gone without setting it).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What was measured for one backend.
+#[derive(Debug, Clone, PartialEq)]
+struct Measured {
+    resident: u64,
+    peak: u64,
+    peak_per_audio_second: Option<f64>,
+    runs: u32,
+}
+
+struct Ctx {
+    config: BoxConfig,
+    opts: UpOptions,
+    meter: Meter,
+    status: Arc<BoxStatus>,
+    client: reqwest::Client,
+    log_dir: PathBuf,
+    started_ms: u64,
+}
+
+impl Ctx {
+    fn say(&self, line: &str) {
+        (self.opts.progress)(line);
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.log_dir.join(format!("{name}.log"))
+    }
+}
+
+/// Runs the box until `shutdown` resolves (or a start-up step fails), then stops it in order.
+pub async fn run<F>(config: BoxConfig, opts: UpOptions, shutdown: F) -> Result<(), UpError>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let trigger = Arc::clone(&stop_tx);
+    let signal_task = tokio::spawn(async move {
+        shutdown.await;
+        let _ = trigger.send(true);
+    });
+    let result = run_inner(config, opts, stop_rx).await;
+    signal_task.abort();
+    result
+}
+
+async fn run_inner(
+    config: BoxConfig,
+    opts: UpOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<(), UpError> {
+    preflight(&config)?;
+    let listener = tokio::net::TcpListener::bind(config.serve.listen)
+        .await
+        .map_err(|e| UpError::PortTaken {
+            backend: "serve".into(),
+            port: config.serve.listen.port(),
+            reason: e.to_string(),
+        })?;
+    let (meter, probe) = open_meter(&config)?;
+    let log_dir = match &opts.log_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("headroom-up-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&log_dir).map_err(|e| UpError::Io {
+        what: format!("log folder {}", log_dir.display()),
+        source: e,
+    })?;
+    let status = Arc::new(BoxStatus {
+        report: Mutex::new(initial_report(&config, meter.capacity)),
+    });
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| UpError::Serve(e.to_string()))?;
+    let ctx = Arc::new(Ctx {
+        config,
+        opts,
+        meter,
+        status,
+        client,
+        log_dir,
+        started_ms: now_ms(),
+    });
+    ctx.say(&format!(
+        "up: memory pool {} ({}), capacity {}, margin {}, sampling every {} ms; backend logs in {}",
+        ctx.meter.kind.as_str(),
+        if ctx.meter.kind == ProbeKind::Host {
+            "process-tree PSS from /proc".to_string()
+        } else {
+            format!("GPU {}", ctx.meter.device)
+        },
+        mib(ctx.meter.capacity),
+        mib(ctx.config.memory.margin),
+        ctx.config.sample_interval.as_millis(),
+        ctx.log_dir.display()
+    ));
+
+    // Start-up: every group started is held here until a keeper takes it, so an error or a
+    // stop request drops (and so kills) them all.
+    let mut started: Vec<Started> = Vec::new();
+    let bring_up = bring_up(&ctx, &mut started);
+    let mut stop_wait = stop.clone();
+    let outcome = tokio::select! {
+        r = bring_up => Some(r),
+        _ = stopped(&mut stop_wait) => None,
+    };
+    let lanes = match outcome {
+        None => {
+            ctx.say("up: stopped during start-up; stopping what was started");
+            stop_all_started(&ctx, &mut started).await;
+            return Ok(());
+        }
+        Some(Err(e)) => {
+            stop_all_started(&ctx, &mut started).await;
+            return Err(e);
+        }
+        Some(Ok(lanes)) => lanes,
+    };
+
+    let serve = match serve_config(&ctx.config, &lanes) {
+        Ok(s) => s,
+        Err(e) => {
+            stop_all_started(&ctx, &mut started).await;
+            return Err(e);
+        }
+    };
+    let gateway = match headroom_server::Gateway::new(serve, Some(probe)) {
+        Ok(g) => g.with_box(ctx.status.clone()),
+        Err(e) => {
+            stop_all_started(&ctx, &mut started).await;
+            return Err(UpError::Serve(e.to_string()));
+        }
+    };
+
+    // Keepers: one per backend, restarting it when it exits, stopping it when told.
+    let mut keepers: Vec<(String, watch::Sender<bool>, JoinHandle<()>)> = Vec::new();
+    for (backend, group, args, env) in started.drain(..) {
+        let (tx, rx) = watch::channel(false);
+        let name = backend.name.clone();
+        let handle = tokio::spawn(keep(Arc::clone(&ctx), backend, group, args, env, rx));
+        keepers.push((name, tx, handle));
+    }
+    let monitor = tokio::spawn(monitor(Arc::clone(&ctx)));
+
+    let addr = listener
+        .local_addr()
+        .map_err(|e| UpError::Serve(e.to_string()))?;
+    ctx.say(&format!(
+        "up: box ready; gateway on http://{addr} (GET /admin/box for the figures); SIGTERM or Ctrl-C stops it"
+    ));
+    let mut gateway_stop = stop.clone();
+    let served = gateway
+        .serve(listener, async move {
+            stopped(&mut gateway_stop).await;
+        })
+        .await;
+    ctx.say("up: gateway stopped; stopping the text engine, then the audio backends");
+    monitor.abort();
+    // Text engine first (it is last in the list), then the audio backends in reverse order.
+    for (name, tx, handle) in keepers.into_iter().rev() {
+        let _ = tx.send(true);
+        let _ = handle.await;
+        ctx.say(&format!("up: [{name}] stopped"));
+    }
+    served.map_err(|e| UpError::Serve(e.to_string()))
+}
+
+/// Everything that can fail before a process starts: commands, ports, warm-up files, the model.
+fn preflight(config: &BoxConfig) -> Result<(), UpError> {
+    for b in &config.backends {
+        process::check_command(b)?;
+        process::check_port_free(&b.name, b.port)?;
+        if let Some(w) = &b.warmup {
+            warmup::prepare(b, w)?;
+        }
+        if let Some(t) = &b.text {
+            resolve_model(&config.dir, &t.model)?;
+        }
+    }
+    Ok(())
+}
+
+fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError> {
+    let m = &config.memory;
+    let (probe, pool, capacity): (Arc<dyn GpuProbe>, Option<HostPool>, u64) = match m.probe {
+        ProbeKind::Host => {
+            let capacity = match m.capacity {
+                Some(c) => c,
+                None => headroom_gpu::host::host_mem_total()
+                    .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
+            };
+            let pool = HostPool::new(capacity);
+            for (i, w) in watched(&m.watch).into_iter().enumerate() {
+                pool.set_member(&format!("watch-{i}-{w}"), w);
+            }
+            (Arc::new(pool.clone()), Some(pool), capacity)
+        }
+        ProbeKind::Nvml => {
+            let nvml = NvmlProbe::new().map_err(|e| UpError::Probe(e.to_string()))?;
+            let devices = nvml.snapshot().map_err(|e| UpError::Probe(e.to_string()))?;
+            let device = devices
+                .iter()
+                .find(|d| d.index == m.device)
+                .ok_or_else(|| UpError::Probe(format!("no GPU with index {}", m.device)))?;
+            let total = device.total_bytes.saturating_sub(device.reserved_bytes);
+            (Arc::new(nvml), None, m.capacity.unwrap_or(total).min(total))
+        }
+    };
+    let sampler = Sampler::start(
+        Arc::clone(&probe),
+        SamplerConfig::new(config.sample_interval).with_ring_capacity(16_384),
+    )
+    .map_err(|e| UpError::Probe(e.to_string()))?;
+    Ok((
+        Meter {
+            kind: m.probe,
+            device: m.device,
+            capacity,
+            pool,
+            sampler,
+        },
+        probe,
+    ))
+}
+
+/// PIDs for `[memory] watch` entries: numbers as they are, names matched against /proc/*/comm.
+fn watched(entries: &[String]) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for e in entries {
+        if let Ok(pid) = e.parse::<u32>() {
+            pids.push(pid);
+            continue;
+        }
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            continue;
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|c| c.trim() == e) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+fn initial_report(config: &BoxConfig, capacity: u64) -> BoxReport {
+    BoxReport {
+        probe: config.memory.probe.as_str().into(),
+        capacity_bytes: capacity,
+        margin_bytes: config.memory.margin,
+        text_budget_bytes: 0,
+        backends: config
+            .backends
+            .iter()
+            .map(|b| BackendReport {
+                name: b.name.clone(),
+                role: b.role.as_str().into(),
+                engine: b.engine.as_str().into(),
+                pid: None,
+                state: BackendState::Stopped,
+                upstream: b.upstream(),
+                resident_bytes: 0,
+                peak_bytes: 0,
+                current_bytes: 0,
+                restarts: 0,
+                drifted: false,
+                retry_after_ms: None,
+                flags: Vec::new(),
+                plan_check: None,
+            })
+            .collect(),
+    }
+}
+
+async fn stop_all_started(ctx: &Ctx, started: &mut Vec<Started>) {
+    while let Some((b, mut g, _, _)) = started.pop() {
+        g.stop(b.stop_grace).await;
+        ctx.status.update(&b.name, |r| {
+            r.state = BackendState::Stopped;
+            r.pid = None;
+        });
+    }
+}
+
+/// Starts and measures every backend; returns the figures the lanes are derived from.
+async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<LaneFigures>, UpError> {
+    let calibration_path = calibration_path_for(&ctx.opts.box_path);
+    let previous = if ctx.opts.recalibrate {
+        None
+    } else {
+        match Calibration::load_if_present(&calibration_path) {
+            Ok(c) => c,
+            Err(e) => {
+                ctx.say(&format!("up: ignoring the calibration file: {e}"));
+                None
+            }
+        }
+    };
+    if let Some(p) = &previous {
+        ctx.say(&format!(
+            "up: starting from the figures measured {} in {} (--recalibrate measures again)",
+            p.date,
+            calibration_path.display()
+        ));
+    }
+    let mut calibration = Calibration::new(ctx.meter.kind.as_str(), ctx.meter.capacity);
+    if let Some(p) = &previous {
+        calibration.learned = p.learned.clone();
+    }
+    let mut lanes = Vec::new();
+    let mut footprints = Vec::new();
+    for b in ctx.config.audio() {
+        let saved = previous.as_ref().and_then(|p| p.backends.get(&b.name));
+        let (group, m) = bring_up_audio(ctx, b, saved).await.map_err(|e| e.0)?;
+        started.push((b.clone(), group, Vec::new(), Vec::new()));
+        lanes.push(LaneFigures {
+            backend: b.name.clone(),
+            per_job_bytes: m.peak.saturating_sub(m.resident),
+            per_audio_second_bytes: None,
+            max_inflight: 1,
+        });
+        footprints.push(AudioFootprint {
+            name: b.name.clone(),
+            resident_bytes: m.resident,
+            peak_bytes: m.peak,
+        });
+        calibration.set_backend(
+            &b.name,
+            BackendCalibration {
+                role: "audio".into(),
+                engine: b.engine.as_str().into(),
+                resident_bytes: m.resident,
+                peak_bytes: m.peak,
+                peak_per_audio_second_bytes: m.peak_per_audio_second,
+                warmup_runs: m.runs,
+                date: String::new(),
+            },
+        );
+        calibration
+            .versions
+            .insert(b.name.clone(), versions_seen(b));
+    }
+    if let Some(t) = ctx.config.text() {
+        let mut cotenants = CoTenants::default();
+        let roots: Vec<u32> = started.iter().map(|(_, g, _, _)| g.pid).collect();
+        let trees: Vec<Vec<u32>> = roots.iter().map(|&r| ctx.meter.tree(r)).collect();
+        cotenants.observe_samples(&ctx.meter.sampler.since(ctx.started_ms), |s| {
+            trees.iter().map(|t| ctx.meter.bytes_in(s, t)).sum()
+        });
+        let budget = Budget::new(
+            ctx.meter.capacity,
+            &footprints,
+            cotenants.max_bytes(),
+            ctx.config.memory.margin,
+        );
+        ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
+        ctx.status.lock().text_budget_bytes = budget.text_bytes;
+        let text_flags = text_flags(ctx, t, &budget, &footprints)?;
+        ctx.say(&format!(
+            "up: [{}] flags: {}{} ({} sequence(s) of {} tokens; the plan expects {}: {} weights, {} KV for {} tokens)",
+            t.name,
+            text_flags.args.join(" "),
+            text_flags
+                .env
+                .iter()
+                .map(|(k, v)| format!(" {k}={v}"))
+                .collect::<String>(),
+            text_flags.sequences,
+            text_flags.context_per_sequence,
+            mib(text_flags.expected.total_bytes),
+            mib(text_flags.expected.weights_bytes),
+            mib(text_flags.expected.kv_cache_bytes),
+            text_flags.expected.kv_tokens
+        ));
+        let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
+        let mut shown = text_flags.args.clone();
+        shown.extend(text_flags.env.iter().map(|(k, v)| format!("{k}={v}")));
+        ctx.status.update(&t.name, |r| r.flags = shown);
+        started.push((
+            t.clone(),
+            group,
+            text_flags.args.clone(),
+            text_flags.env.clone(),
+        ));
+        lanes.push(LaneFigures {
+            backend: t.name.clone(),
+            per_job_bytes: 0,
+            per_audio_second_bytes: None,
+            max_inflight: text_flags.sequences,
+        });
+        calibration.set_backend(
+            &t.name,
+            BackendCalibration {
+                role: "text".into(),
+                engine: t.engine.as_str().into(),
+                resident_bytes: m.resident,
+                peak_bytes: m.peak,
+                peak_per_audio_second_bytes: None,
+                warmup_runs: 0,
+                date: String::new(),
+            },
+        );
+        calibration
+            .versions
+            .insert(t.name.clone(), versions_seen(t));
+    }
+    calibration
+        .versions
+        .insert("headroom".into(), env!("CARGO_PKG_VERSION").into());
+    match calibration.save(&calibration_path) {
+        Ok(()) => ctx.say(&format!(
+            "up: figures kept in {}",
+            calibration_path.display()
+        )),
+        Err(e) => ctx.say(&format!("up: warning: could not keep the figures: {e}")),
+    }
+    Ok(lanes)
+}
+
+/// An audio backend's start-up failure, with its group (already stopped) out of the way.
+struct StartFailure(UpError);
+
+async fn bring_up_audio(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    saved: Option<&BackendCalibration>,
+) -> Result<(Group, Measured), StartFailure> {
+    let mut group = start(ctx, b, &[], &[]).await.map_err(StartFailure)?;
+    let result = measure_audio(ctx, b, &mut group, saved).await;
+    match result {
+        Ok(m) => Ok((group, m)),
+        Err(e) => {
+            group.stop(b.stop_grace).await;
+            Err(StartFailure(e))
+        }
+    }
+}
+
+/// Spawns a backend, makes it a member of the pool and waits until it is healthy.
+async fn start(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    args: &[String],
+    env: &[(String, String)],
+) -> Result<Group, UpError> {
+    ctx.status
+        .update(&b.name, |r| r.state = BackendState::Starting);
+    let mut group = process::spawn(b, args, env, &ctx.config.dir, &ctx.log_path(&b.name))?;
+    ctx.meter.join(&b.name, group.pid);
+    ctx.status.update(&b.name, |r| r.pid = Some(group.pid));
+    ctx.say(&format!(
+        "up: [{}] started pid {} ({} {}), waiting for {}{}",
+        b.name,
+        group.pid,
+        b.command.display(),
+        b.expanded_args()
+            .into_iter()
+            .chain(args.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" "),
+        b.upstream(),
+        b.health
+    ));
+    let took = match wait_healthy(ctx, b, &mut group).await {
+        Ok(t) => t,
+        Err(e) => {
+            group.stop(b.stop_grace).await;
+            ctx.status.update(&b.name, |r| {
+                r.state = BackendState::Failed;
+                r.pid = None;
+            });
+            return Err(e);
+        }
+    };
+    ctx.say(&format!(
+        "up: [{}] healthy after {:.1} s",
+        b.name,
+        took.as_secs_f64()
+    ));
+    Ok(group)
+}
+
+async fn wait_healthy(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    group: &mut Group,
+) -> Result<Duration, UpError> {
+    let url = format!("{}{}", b.upstream(), b.health);
+    let begin = Instant::now();
+    loop {
+        if let Some(status) = group.reap() {
+            return Err(UpError::Backend {
+                backend: b.name.clone(),
+                what: format!(
+                    "exited ({status}) before it became healthy; last log line: {}",
+                    last_line(group)
+                ),
+            });
+        }
+        if warmup::healthy(&ctx.client, &url, Duration::from_secs(2)).await {
+            return Ok(begin.elapsed());
+        }
+        if begin.elapsed() > b.ready_timeout {
+            return Err(UpError::Backend {
+                backend: b.name.clone(),
+                what: format!(
+                    "did not become healthy at {url} within {} s (ready_timeout); last log line: {}",
+                    b.ready_timeout.as_secs(),
+                    last_line(group)
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn last_line(group: &Group) -> String {
+    group
+        .log_tail(1)
+        .pop()
+        .unwrap_or_else(|| format!("(empty; see {})", group.log.display()))
+}
+
+/// Waits until the backend's memory is steady; returns `(level, steady)`. On timeout the
+/// latest level is used and `steady` is false (logged as a warning by the caller).
+async fn wait_steady(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    group: &mut Group,
+) -> Result<(u64, bool), UpError> {
+    let rule = SteadyRule::new(b.steady_window);
+    let begin = Instant::now();
+    let from = now_ms();
+    loop {
+        if let Some(status) = group.reap() {
+            return Err(UpError::Backend {
+                backend: b.name.clone(),
+                what: format!(
+                    "exited ({status}) while being measured; last log line: {}",
+                    last_line(group)
+                ),
+            });
+        }
+        let points = ctx.meter.series(group.pid, from);
+        if let Some(v) = judge(&points, &rule) {
+            if v.steady {
+                return Ok((v.level, true));
+            }
+            if begin.elapsed() > b.steady_timeout {
+                ctx.say(&format!(
+                    "up: [{}] warning: memory not steady after {} s (moved {} over the last {} s); using the latest level",
+                    b.name,
+                    b.steady_timeout.as_secs(),
+                    mib(v.drift.abs() as u64),
+                    b.steady_window.as_secs_f64()
+                ));
+                return Ok((v.level, false));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn measure_audio(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    saved: Option<&BackendCalibration>,
+) -> Result<Measured, UpError> {
+    ctx.status
+        .update(&b.name, |r| r.state = BackendState::Measuring);
+    let t0 = now_ms();
+    let (idle, _) = wait_steady(ctx, b, group).await?;
+    ctx.say(&format!("up: [{}] steady at {} idle", b.name, mib(idle)));
+    let mut runs = 0;
+    let mut per_second = None;
+    let measured = match (&b.warmup, saved) {
+        (Some(w), None) => {
+            let job = warmup::prepare(b, w)?;
+            let begin = now_ms();
+            for i in 1..=w.runs {
+                let took = warmup::run(&ctx.client, &job)
+                    .await
+                    .map_err(|e| UpError::Backend {
+                        backend: b.name.clone(),
+                        what: format!("failed its warm-up job {i}/{} ({}): {e}", w.runs, job.url),
+                    })?;
+                runs += 1;
+                let peak = ctx
+                    .meter
+                    .series(group.pid, begin)
+                    .iter()
+                    .map(|p| p.1)
+                    .max()
+                    .unwrap_or(0);
+                ctx.say(&format!(
+                    "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
+                    b.name,
+                    w.runs,
+                    job.audio_seconds
+                        .map(|s| format!("{s:.1} s of audio "))
+                        .unwrap_or_default(),
+                    took.as_secs_f64(),
+                    mib(peak)
+                ));
+            }
+            let (resident, _) = wait_steady(ctx, b, group).await?;
+            let peak = ctx
+                .meter
+                .series(group.pid, t0)
+                .iter()
+                .map(|p| p.1)
+                .max()
+                .unwrap_or(resident)
+                .max(resident);
+            if let Some(secs) = job.audio_seconds.filter(|s| *s > 0.0) {
+                per_second = Some(peak.saturating_sub(idle) as f64 / secs);
+            }
+            Measured {
+                resident,
+                peak,
+                peak_per_audio_second: per_second,
+                runs,
+            }
+        }
+        (_, Some(saved)) => {
+            let peak = saved.peak_bytes.max(idle);
+            ctx.say(&format!(
+                "up: [{}] warm-up skipped: peak {} from the calibration file",
+                b.name,
+                mib(peak)
+            ));
+            Measured {
+                resident: idle,
+                peak,
+                peak_per_audio_second: saved.peak_per_audio_second_bytes,
+                runs: saved.warmup_runs,
+            }
+        }
+        (None, None) => {
+            let peak = ctx
+                .meter
+                .series(group.pid, t0)
+                .iter()
+                .map(|p| p.1)
+                .max()
+                .unwrap_or(idle)
+                .max(idle);
+            Measured {
+                resident: idle,
+                peak,
+                peak_per_audio_second: None,
+                runs: 0,
+            }
+        }
+    };
+    ctx.say(&format!(
+        "up: [{}] resident {}, peak {}{}",
+        b.name,
+        mib(measured.resident),
+        mib(measured.peak),
+        measured
+            .peak_per_audio_second
+            .map(|p| format!(", {} per audio second above idle", mib(p as u64)))
+            .unwrap_or_default()
+    ));
+    ctx.status.update(&b.name, |r| {
+        r.resident_bytes = measured.resident;
+        r.peak_bytes = measured.peak;
+        r.current_bytes = measured.resident;
+        r.state = BackendState::Ready;
+    });
+    Ok(measured)
+}
+
+fn text_flags(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    budget: &Budget,
+    audio: &[AudioFootprint],
+) -> Result<TextFlags, UpError> {
+    let plan = t
+        .text
+        .as_ref()
+        .expect("validated: text backends have a plan");
+    let model = resolve_model(&ctx.config.dir, &plan.model)?;
+    let gpu = ctx.meter.kind == ProbeKind::Nvml;
+    let result = match t.engine {
+        Engine::LlamaCpp => {
+            let shape = flags::llamacpp_model(Path::new(&model))?;
+            flags::llamacpp_flags(&shape, plan, budget.text_bytes, gpu)
+        }
+        _ => {
+            let env = headroom_inspect::resolve::Env::from_process();
+            let spec = headroom_inspect::resolve_model(&model, &env)
+                .map_err(|e| UpError::Model(e.to_string()))?
+                .spec;
+            if gpu {
+                flags::vllm_gpu_flags(&spec, plan, budget, audio)
+            } else {
+                flags::vllm_cpu_flags(&spec, plan, budget.text_bytes)
+            }
+        }
+    };
+    result.map_err(|e| UpError::DoesNotFit(format!("backend `{}`: {}", t.name, e.message())))
+}
+
+async fn bring_up_text(
+    ctx: &Arc<Ctx>,
+    t: &BackendConfig,
+    f: &TextFlags,
+) -> Result<(Group, Measured), UpError> {
+    let t0 = now_ms();
+    let mut group = start(ctx, t, &f.args, &f.env).await?;
+    ctx.status
+        .update(&t.name, |r| r.state = BackendState::Measuring);
+    let steady = wait_steady(ctx, t, &mut group).await;
+    let (resident, _) = match steady {
+        Ok(s) => s,
+        Err(e) => {
+            group.stop(t.stop_grace).await;
+            return Err(e);
+        }
+    };
+    let peak = ctx
+        .meter
+        .series(group.pid, t0)
+        .iter()
+        .map(|p| p.1)
+        .max()
+        .unwrap_or(resident)
+        .max(resident);
+    let check = plan_check(ctx, t, f, &group, resident);
+    for w in check["warnings"].as_array().into_iter().flatten() {
+        ctx.say(&format!(
+            "up: [{}] warning: {}",
+            t.name,
+            w.as_str().unwrap_or("")
+        ));
+    }
+    ctx.say(&format!(
+        "up: [{}] resident {} (planned {}), peak {}",
+        t.name,
+        mib(resident),
+        mib(f.expected.total_bytes),
+        mib(peak)
+    ));
+    ctx.status.update(&t.name, |r| {
+        r.resident_bytes = resident;
+        r.peak_bytes = peak;
+        r.current_bytes = resident;
+        r.plan_check = Some(check);
+        r.state = BackendState::Ready;
+    });
+    Ok((
+        group,
+        Measured {
+            resident,
+            peak,
+            peak_per_audio_second: None,
+            runs: 0,
+        },
+    ))
+}
+
+/// Compares the plan with what the engine's start-up log says (through doctor's reader) and
+/// with the memory measured; a difference above 10 % is a warning naming both figures.
+fn plan_check(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    f: &TextFlags,
+    group: &Group,
+    resident: u64,
+) -> serde_json::Value {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    let mut warnings = Vec::new();
+    let mut compare = |what: &str, planned: f64, seen: f64, unit: &str| {
+        if planned > 0.0 && (seen - planned).abs() / planned > 0.10 {
+            warnings.push(format!(
+                "{what}: the plan says {planned:.0}{unit}, {seen:.0}{unit} seen ({:+.0} %)",
+                (seen / planned - 1.0) * 100.0
+            ));
+        }
+    };
+    let log = std::fs::File::open(&group.log)
+        .ok()
+        .and_then(|file| headroom_doctor::diagnose(std::io::BufReader::new(file)).ok());
+    let startup = log.as_ref().and_then(|d| d.startup.clone());
+    let mut from_log = serde_json::Map::new();
+    if let Some(s) = &startup {
+        let b = &s.breakdown;
+        if let Some(kv) = b.kv_cache_gib {
+            from_log.insert("kv_cache_bytes".into(), ((kv * GIB) as u64).into());
+            compare(
+                "KV cache",
+                f.expected.kv_cache_bytes as f64 / 1048576.0,
+                kv * 1024.0,
+                " MiB",
+            );
+        }
+        if let Some(tokens) = b.kv_tokens {
+            from_log.insert("kv_tokens".into(), tokens.into());
+            compare("KV tokens", f.expected.kv_tokens as f64, tokens as f64, "");
+        }
+        if let Some(w) = b.weights_gib {
+            from_log.insert("weights_bytes".into(), ((w * GIB) as u64).into());
+            compare(
+                "weights",
+                f.expected.weights_bytes as f64 / 1048576.0,
+                w * 1024.0,
+                " MiB",
+            );
+        }
+    }
+    compare(
+        "memory after start-up",
+        f.expected.total_bytes as f64 / 1048576.0,
+        resident as f64 / 1048576.0,
+        " MiB",
+    );
+    if startup.is_none() {
+        let _ = ctx;
+        warnings.push(format!(
+            "its start-up log ({}) shows no memory figures doctor reads; only the measured memory was compared",
+            t.name
+        ));
+    }
+    serde_json::json!({
+        "planned": f.expected,
+        "log": from_log,
+        "measured_resident_bytes": resident,
+        "warnings": warnings,
+    })
+}
+
+/// Package versions next to a backend's program (a virtualenv's `site-packages/*.dist-info`
+/// whose name mentions the engine), else the program's path.
+fn versions_seen(b: &BackendConfig) -> String {
+    let keys: &[&str] = match b.engine {
+        Engine::Whisper => &["whisper", "ctranslate2"],
+        Engine::LlamaCpp => &["llama", "llm_"],
+        Engine::Vllm => &["vllm", "torch-"],
+        Engine::Other => &[],
+    };
+    let mut found = Vec::new();
+    if let Some(bin) = b.command.parent() {
+        let pattern = bin.join("../lib/python*/site-packages/*.dist-info");
+        if let Ok(paths) = glob::glob(&pattern.display().to_string()) {
+            for p in paths.flatten() {
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let lower = name.to_ascii_lowercase();
+                if keys.iter().any(|k| lower.contains(k)) {
+                    found.push(name.trim_end_matches(".dist-info").to_string());
+                }
+            }
+        }
+    }
+    found.sort();
+    if found.is_empty() {
+        b.command.display().to_string()
+    } else {
+        found.join(", ")
+    }
+}
+
+/// Keeps one backend running: waits for it to exit (restarts it with exponential backoff) or
+/// to be told to stop (stops its process group).
+async fn keep(
+    ctx: Arc<Ctx>,
+    b: BackendConfig,
+    mut group: Group,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = ctx.config.restart_backoff;
+    let mut healthy_since = Instant::now();
+    loop {
+        let exited = tokio::select! {
+            status = group.wait() => status,
+            _ = stopped(&mut stop) => {
+                group.stop(b.stop_grace).await;
+                ctx.status.update(&b.name, |r| { r.state = BackendState::Stopped; r.pid = None; });
+                return;
+            }
+        };
+        if healthy_since.elapsed() > Duration::from_secs(60) {
+            backoff = ctx.config.restart_backoff;
+        }
+        ctx.say(&format!(
+            "up: [{}] exited ({}); restarting in {:.1} s",
+            b.name,
+            exited
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "unknown status".into()),
+            backoff.as_secs_f64()
+        ));
+        let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
+        ctx.status.update(&b.name, |r| {
+            r.state = BackendState::Restarting;
+            r.pid = None;
+            r.retry_after_ms = Some(retry_ms);
+        });
+        // Whatever the group forked goes with it.
+        group.stop(Duration::from_secs(2)).await;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stopped(&mut stop) => {
+                    ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
+                    return;
+                }
+            }
+            backoff = (backoff * 2).min(ctx.config.restart_backoff_max);
+            let attempt = tokio::select! {
+                r = start(&ctx, &b, &args, &env) => r,
+                _ = stopped(&mut stop) => {
+                    ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
+                    return;
+                }
+            };
+            match attempt {
+                Ok(g) => {
+                    group = g;
+                    break;
+                }
+                Err(e) => {
+                    ctx.say(&format!(
+                        "up: [{}] restart failed: {e}; next try in {:.1} s",
+                        b.name,
+                        backoff.as_secs_f64()
+                    ));
+                    let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
+                    ctx.status.update(&b.name, |r| {
+                        r.state = BackendState::Restarting;
+                        r.retry_after_ms = Some(retry_ms);
+                    });
+                }
+            }
+        }
+        healthy_since = Instant::now();
+        ctx.status.update(&b.name, |r| {
+            r.state = BackendState::Ready;
+            r.restarts += 1;
+            r.retry_after_ms = None;
+        });
+        ctx.say(&format!(
+            "up: [{}] running again (pid {})",
+            b.name, group.pid
+        ));
+    }
+}
+
+/// Every 250 ms: each backend's current memory into the report, and a log line the first time
+/// one grows past its measured peak by more than the drift margin.
+async fn monitor(ctx: Arc<Ctx>) {
+    let mut reported: BTreeMap<String, bool> = BTreeMap::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let rows: Vec<(String, Option<u32>, u64, BackendState)> = ctx
+            .status
+            .report()
+            .backends
+            .iter()
+            .map(|b| (b.name.clone(), b.pid, b.peak_bytes, b.state))
+            .collect();
+        for (name, pid, peak, state) in rows {
+            let Some(pid) = pid else { continue };
+            let now = ctx.meter.now_bytes(pid);
+            let limit = peak as f64 * (1.0 + ctx.config.drift_margin);
+            let drifted = state == BackendState::Ready && peak > 0 && now as f64 > limit;
+            if drifted && !reported.get(&name).copied().unwrap_or(false) {
+                ctx.say(&format!(
+                    "up: [{name}] warning: memory {} is past its measured peak {} by more than {:.0} %: the measured residency drifted",
+                    mib(now),
+                    mib(peak),
+                    ctx.config.drift_margin * 100.0
+                ));
+                reported.insert(name.clone(), true);
+            }
+            ctx.status.update(&name, |r| {
+                r.current_bytes = now;
+                if drifted {
+                    r.drifted = true;
+                }
+            });
+        }
+    }
+}

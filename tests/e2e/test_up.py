@@ -1,0 +1,407 @@
+"""End to end: `headroom up` with examples/cpu-box.up.toml against the real faster-whisper-server
+and llama.cpp from scripts/backends.sh (installed under .backends/; `up` starts them itself, on
+free ports picked here).
+
+What is checked, each against this test's own reading of /proc, never against `up`'s code:
+  - whisper's resident and peak in /admin/box are within 10 % of the PSS of its process tree read
+    here while `up` measured it (peak) and right after the box was ready (resident);
+  - the text budget is capacity − whisper's peak − margin, and the -c/--parallel llama.cpp was
+    really started with (its /proc cmdline, its /slots) follow from it; a lower capacity gives
+    less context, and below a floor `up` exits 3 with one line and leaves nothing running;
+  - kill -9 of whisper: requests in between get 503 + Retry-After quickly, it runs again within
+    its backoff, `restarts` counts it;
+  - SIGTERM: every process of every backend's group is gone within the grace period, and a
+    second `up` starts cleanly on the same ports;
+  - a backend that never becomes healthy, a missing command, a taken port, a missing warm-up
+    file: one line, non-zero exit, nothing left running.
+
+Run by scripts/test.sh (and so .ci/run) with the other e2e tests:  python -m pytest tests/e2e
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FOX = ROOT / "tests" / "data" / "audio" / "fox.wav"
+BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
+EXAMPLE = ROOT / "examples" / "cpu-box.up.toml"
+MIB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def require_backends():
+    for p in (ROOT / ".backends/stt/bin/faster-whisper-server", ROOT / ".backends/llm/bin/python",
+              ROOT / ".backends/whisper.yaml"):
+        if not p.exists():
+            pytest.fail(f"{p} is missing: run scripts/backends.sh install")
+
+
+# ---- /proc, read independently of headroom ------------------------------------------------------
+
+def all_stats():
+    """pid -> (ppid, pgrp, cmdline) for every process."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{d}/stat").read()
+            fields = stat[stat.rindex(")") + 2:].split()
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] == "Z":
+            continue
+        out[int(d)] = (int(fields[1]), int(fields[2]), cmd)
+    return out
+
+
+def tree(root: int):
+    stats = all_stats()
+    found, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        if p in stats and p not in found:
+            found.append(p)
+            todo.extend(c for c, (pp, _, _) in stats.items() if pp == p)
+    return found
+
+
+def pss_of_tree(root: int) -> int:
+    total = 0
+    for p in tree(root):
+        try:
+            for line in open(f"/proc/{p}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def group_members(pgid: int):
+    return [p for p, (_, g, _) in all_stats().items() if g == pgid]
+
+
+def children_matching(parent: int, needle: str):
+    return [p for p, (pp, _, cmd) in all_stats().items() if pp == parent and needle in cmd]
+
+
+# ---- running `headroom up` ---------------------------------------------------------------------
+
+class Box:
+    def __init__(self, tmp: pathlib.Path, capacity: str, extra_edit=None, name="box"):
+        self.whisper_port = free_port()
+        self.llm_port = free_port()
+        self.port = free_port()
+        text = EXAMPLE.read_text()
+        text = text.replace('"../', f'"{ROOT}/')
+        text = text.replace("port = 18281", f"port = {self.whisper_port}")
+        text = text.replace("port = 18280", f"port = {self.llm_port}")
+        text = text.replace("127.0.0.1:8280", f"127.0.0.1:{self.port}")
+        text = re.sub(r'^capacity = ".*"$', f'capacity = "{capacity}"', text, flags=re.M)
+        if extra_edit:
+            text = extra_edit(text)
+        self.path = tmp / f"{name}.up.toml"
+        self.path.write_text(text)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.stderr = b""
+
+    def reuse_ports_of(self, other: "Box"):
+        text = self.path.read_text()
+        text = text.replace(f"port = {self.whisper_port}", f"port = {other.whisper_port}")
+        text = text.replace(f"port = {self.llm_port}", f"port = {other.llm_port}")
+        text = text.replace(f"127.0.0.1:{self.port}", f"127.0.0.1:{other.port}")
+        self.whisper_port, self.llm_port, self.port = other.whisper_port, other.llm_port, other.port
+        self.base = other.base
+        self.path.write_text(text)
+
+    def start(self, *args):
+        self.proc = subprocess.Popen([BIN, "up", "--config", str(self.path), *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._err = []
+        self._reader = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
+        self._reader.start()
+        return self.proc
+
+    def run_to_end(self, timeout=180):
+        self.start()
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(5)
+        return self.proc.returncode, b"".join(self._err).decode(errors="replace")
+
+    def stderr_text(self):
+        return b"".join(self._err).decode(errors="replace")
+
+    def wait_ready(self, timeout=240):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"headroom up exited {self.proc.returncode}:\n{self.stderr_text()}")
+            try:
+                r = httpx.get(f"{self.base}/admin/box", timeout=2)
+                if r.status_code == 200 and all(b["state"] == "ready" for b in r.json()["backends"]):
+                    return r.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"box not ready in {timeout} s:\n{self.stderr_text()}")
+
+    def report(self):
+        return httpx.get(f"{self.base}/admin/box", timeout=5).json()
+
+    def stop(self, timeout=60):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def backend(report, name):
+    return next(b for b in report["backends"] if b["name"] == name)
+
+
+class PssWatch:
+    """Samples the PSS of the whisper tree (a child of `up`) at ~20 Hz from the moment it starts."""
+
+    def __init__(self, up_pid: int):
+        self.up_pid = up_pid
+        self.samples = []
+        self.root = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            if self.root is None:
+                found = children_matching(self.up_pid, "faster-whisper-server")
+                self.root = found[0] if found else None
+            if self.root is not None:
+                self.samples.append((time.time(), pss_of_tree(self.root)))
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    require_backends()
+    return tmp_path_factory.mktemp("up")
+
+
+@pytest.fixture(scope="module")
+def running(tmp):
+    box = Box(tmp, "1GiB")
+    proc = box.start("--recalibrate", "--log-dir", str(tmp / "logs"))
+    watch = PssWatch(proc.pid)
+    report = box.wait_ready()
+    idle_pss = pss_of_tree(watch.root)
+    watch.stop.set()
+    watch.thread.join(5)
+    yield box, report, watch, idle_pss
+    box.stop()
+
+
+def test_resident_and_peak_match_proc(running):
+    box, report, watch, idle_pss = running
+    w = backend(report, "whisper")
+    assert watch.root == w["pid"]
+    own_peak = max(b for _, b in watch.samples)
+    print(f"whisper: /admin/box resident {w['resident_bytes'] / MIB:.1f} MiB peak {w['peak_bytes'] / MIB:.1f} MiB; "
+          f"/proc here: idle {idle_pss / MIB:.1f} MiB, peak {own_peak / MIB:.1f} MiB over {len(watch.samples)} samples")
+    assert abs(w["resident_bytes"] - idle_pss) <= 0.10 * idle_pss
+    assert abs(w["peak_bytes"] - own_peak) <= 0.10 * own_peak
+    # The warm-up made whisper grow: the peak is above what it held idle before the first job.
+    assert own_peak > min(b for _, b in watch.samples) * 1.2
+
+
+def slots_flags(llm_pid: int):
+    cmd = open(f"/proc/{llm_pid}/cmdline", "rb").read().split(b"\0")
+    args = [a.decode() for a in cmd]
+    return int(args[args.index("-c") + 1]), int(args[args.index("--parallel") + 1])
+
+
+def test_text_flags_follow_from_capacity_minus_peak_minus_margin(running):
+    box, report, _, _ = running
+    w, llm = backend(report, "whisper"), backend(report, "llm")
+    assert report["capacity_bytes"] == 1024 * MIB
+    assert report["margin_bytes"] == 128 * MIB
+    assert report["text_budget_bytes"] == 1024 * MIB - w["peak_bytes"] - 128 * MIB
+    ctx, parallel = slots_flags(llm["pid"])
+    assert llm["flags"][:4] == ["-c", str(ctx), "--parallel", str(parallel)]
+    # llama.cpp itself reports the per-slot context it was given.
+    slots = httpx.get(f"http://127.0.0.1:{box.llm_port}/slots", timeout=10).json()
+    assert len(slots) == parallel
+    assert all(s["n_ctx"] == ctx // parallel for s in slots), slots
+    # What llama.cpp holds stays inside the budget it was given.
+    assert pss_of_tree(llm["pid"]) <= report["text_budget_bytes"]
+    # The gateway's text lane runs as many requests at once as the engine has slots.
+    lanes = httpx.get(f"{box.base}/admin/lanes", timeout=5).json()
+    text = next(l for l in lanes["lanes"] if l["name"] == "llm")
+    assert text["max_inflight"] == parallel
+    metrics = httpx.get(f"{box.base}/metrics", timeout=5).text
+    assert f'headroom_box_backend_peak_bytes{{backend="whisper",role="audio"}} {w["peak_bytes"]}' in metrics
+
+
+def test_kill_9_restarts_with_503_in_between(running):
+    box, report, _, _ = running
+    old = backend(report, "whisper")["pid"]
+    os.kill(old, signal.SIGKILL)
+    statuses, started = [], time.time()
+    new_pid = None
+    while time.time() - started < 60:
+        t0 = time.time()
+        with open(FOX, "rb") as f:
+            r = httpx.post(f"{box.base}/v1/audio/transcriptions", files={"file": ("fox.wav", f, "audio/wav")},
+                           timeout=30)
+        took = time.time() - t0
+        statuses.append(r.status_code)
+        if r.status_code == 503:
+            assert r.headers.get("retry-after"), r.headers
+            assert r.json()["error"]["code"] == "backend_unavailable"
+            assert took < 2, f"a 503 took {took:.1f} s"
+        if r.status_code == 200:
+            assert "lazy dog" in r.json()["text"].lower()
+            now = backend(box.report(), "whisper")
+            new_pid = now["pid"]
+            break
+        time.sleep(0.2)
+    print(f"statuses after kill -9: {statuses}")
+    assert new_pid and new_pid != old
+    assert 503 in statuses
+    # At most the one request that raced the kill sees the refused connection.
+    assert statuses.count(502) <= 1, statuses
+    assert time.time() - started < 30, "not running again within its backoff"
+    assert backend(box.report(), "whisper")["restarts"] == 1
+
+
+def test_sigterm_leaves_no_process_and_a_second_up_starts_on_the_same_ports(running, tmp):
+    box, _, _, _ = running
+    report = box.report()
+    groups = [b["pid"] for b in report["backends"]]
+    assert all(group_members(g) for g in groups)
+    t0 = time.time()
+    box.proc.send_signal(signal.SIGTERM)
+    box.proc.wait(timeout=60)
+    took = time.time() - t0
+    assert box.proc.returncode == 0, box.stderr_text()
+    # Grace: the gateway drain is instant here, then 5 s per backend at most.
+    assert took < 10 + 2 * 5, f"stopping took {took:.1f} s"
+    left = {g: group_members(g) for g in groups}
+    assert not any(left.values()), left
+    # Same ports, lower capacity: less context for llama.cpp (the calibration file keeps
+    # whisper's figures, so it is not measured again).
+    second = Box(tmp, "800MiB")
+    second.reuse_ports_of(box)
+    calib = box.path.with_name("box.up.calibration.json")
+    assert calib.exists()
+    second_calib = second.path.with_name("box.up.calibration.json")
+    assert second_calib == calib
+    second.start("--log-dir", str(tmp / "logs2"))
+    try:
+        r2 = second.wait_ready()
+        ctx2, par2 = slots_flags(backend(r2, "llm")["pid"])
+        ctx1, par1 = (int(x) for x in (report["backends"][1]["flags"][1], report["backends"][1]["flags"][3]))
+        print(f"capacity 1GiB: -c {ctx1} --parallel {par1}; 800MiB: -c {ctx2} --parallel {par2}")
+        assert ctx2 < ctx1 and par2 <= par1
+        assert r2["text_budget_bytes"] == 800 * MIB - backend(r2, "whisper")["peak_bytes"] - 128 * MIB
+        assert "warm-up skipped" in second.stderr_text()
+    finally:
+        second.stop()
+    assert not any(group_members(b["pid"]) for b in r2["backends"])
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [l for l in stderr.splitlines() if l.startswith("headroom up:")]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def nothing_left(marker: str):
+    return [p for p, (_, _, cmd) in all_stats().items() if marker in cmd]
+
+
+def test_below_the_floor_up_refuses_with_exit_3(tmp):
+    box = Box(tmp, "400MiB", name="small")
+    code, err = box.run_to_end()
+    line = one_error_line(err)
+    assert code == 3, err
+    assert "does not fit" in line and "raise [memory] capacity" in line, line
+    assert not nothing_left(f"--port {box.whisper_port}")
+
+
+def whisper_edit(command=None, args=None, extra=""):
+    def edit(text):
+        head, rest = text.split("[backends.warmup]", 1)
+        if command is not None:
+            head = re.sub(r'^command = ".*faster-whisper-server"$', f'command = "{command}"', head, flags=re.M)
+        if args is not None:
+            head = re.sub(r'^args = \[.*"\{port\}"\]$', f"args = {json.dumps(args)}", head, count=1, flags=re.M)
+        return head + extra + "[backends.warmup]" + rest
+    return edit
+
+
+def test_a_backend_that_never_becomes_healthy(tmp):
+    marker = f"never-healthy-{uuid.uuid4().hex[:8]}"
+    edit = whisper_edit(command="python3", args=["-c", "import time; time.sleep(600)", marker])
+    box = Box(tmp, "1GiB", extra_edit=lambda t: edit(t).replace('ready_timeout = "60s"', 'ready_timeout = "3s"', 1),
+              name="unhealthy")
+    code, err = box.run_to_end()
+    line = one_error_line(err)
+    assert code != 0
+    assert "did not become healthy" in line, line
+    assert not nothing_left(marker)
+
+
+def test_a_command_that_does_not_exist(tmp):
+    box = Box(tmp, "1GiB", extra_edit=whisper_edit(command="/no/such/speech-server"), name="nocmd")
+    code, err = box.run_to_end()
+    line = one_error_line(err)
+    assert code == 2, err
+    assert "/no/such/speech-server" in line and "no such program" in line, line
+    assert "started pid" not in err
+
+
+def test_a_port_already_taken(tmp):
+    box = Box(tmp, "1GiB", name="taken")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", box.whisper_port))
+        s.listen()
+        code, err = box.run_to_end()
+    line = one_error_line(err)
+    assert code == 2, err
+    assert f"port {box.whisper_port}" in line and "already in use" in line, line
+    assert "started pid" not in err
+
+
+def test_a_missing_warmup_file(tmp):
+    box = Box(tmp, "1GiB", extra_edit=lambda t: t.replace("tests/data/audio/fox.wav", "tests/data/audio/none.wav"),
+              name="nowav")
+    code, err = box.run_to_end()
+    line = one_error_line(err)
+    assert code == 2, err
+    assert "none.wav" in line, line
+    assert "started pid" not in err
