@@ -463,12 +463,23 @@ pub async fn sample_loop(ui: Arc<UiState>, gate: headroom_gate::Gate, telemetry:
     }
 }
 
+/// The page's document now, with the box's backends when `headroom up` runs this gateway.
+fn current_view(s: &crate::app::AppState) -> UiView {
+    let mut view = s.ui.view(&s.gate.snapshot());
+    if let Some(provider) = s.box_provider.get()
+        && let Ok(report) = serde_json::to_value(provider.report())
+    {
+        view.extras.insert("box".to_string(), report);
+    }
+    view
+}
+
 /// `GET /ui`: the page, rendered with the current figures.
 pub(crate) async fn serve_page(
     axum::extract::State(s): axum::extract::State<crate::app::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let view = s.ui.view(&s.gate.snapshot());
+    let view = current_view(&s);
     (
         [
             (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -489,7 +500,7 @@ pub(crate) async fn serve_state(
     axum::extract::State(s): axum::extract::State<crate::app::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let view = s.ui.view(&s.gate.snapshot());
+    let view = current_view(&s);
     (
         [(axum::http::header::CACHE_CONTROL, "no-store")],
         axum::Json(view),
@@ -637,6 +648,35 @@ fn memory_table(view: &UiView) -> String {
     t
 }
 
+fn backends_table(view: &UiView) -> String {
+    let Some(backends) = view
+        .extras
+        .get("box")
+        .and_then(|b| b["backends"].as_array())
+    else {
+        return String::new();
+    };
+    let mut t = String::from(
+        "<h3>Backends</h3><table id=\"backends\"><thead><tr><th>backend</th><th>role</th>\
+         <th>state</th><th>resident</th><th>peak</th><th>restarts</th></tr></thead><tbody>",
+    );
+    for b in backends {
+        let bytes = |k: &str| b[k].as_f64().map_or("–".to_string(), bytes_cell);
+        let _ = write!(
+            t,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(b["name"].as_str().unwrap_or("")),
+            escape(b["role"].as_str().unwrap_or("")),
+            escape(b["state"].as_str().unwrap_or("")),
+            bytes("resident_bytes"),
+            bytes("peak_bytes"),
+            b["restarts"].as_u64().unwrap_or(0)
+        );
+    }
+    t.push_str("</tbody></table>");
+    t
+}
+
 fn engines_table(view: &UiView) -> String {
     let mut t = String::from(
         "<table id=\"engines\"><thead><tr><th>upstream</th><th>KV cache</th><th>running</th>\
@@ -670,7 +710,7 @@ pub fn page(view: &UiView) -> String {
         "<main data-sampled=\"{}\">\
          <p id=\"status\" class=\"status\">server-rendered at {} (JavaScript off: reload to refresh)</p>\
          <section class=\"wide\"><h2>Lanes</h2>{}</section>\
-         <section><h2>Memory</h2>{}<div id=\"box\"></div><div id=\"ledger\"></div>\
+         <section><h2>Memory</h2>{}<div id=\"box\">{}</div><div id=\"ledger\"></div>\
          <svg id=\"chart\" viewBox=\"0 0 600 120\" preserveAspectRatio=\"none\" role=\"img\" \
          aria-label=\"memory in use, last 10 minutes\"></svg></section>\
          <section><h2>Engines</h2>{}</section>\
@@ -679,6 +719,7 @@ pub fn page(view: &UiView) -> String {
         view.sampled_unix_ms,
         lanes_table(view),
         memory_table(view),
+        backends_table(view),
         engines_table(view),
         rejections_table(view),
     );
