@@ -5,6 +5,7 @@ mod bench;
 mod doctor;
 mod plan;
 mod serve;
+mod serve_hardening;
 mod serve_upstream;
 mod stale_conn;
 mod top;

@@ -11,30 +11,30 @@ use tokio::time::Instant;
 use crate::serve_upstream::{self, Upstream};
 
 /// The gateway tests measure latency, so they run one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn gateway(toml: &str) -> Running {
+pub(crate) async fn gateway(toml: &str) -> Running {
     let config = ServeConfig::from_toml(toml).expect("test config is valid");
     headroom_server::spawn(config, None)
         .await
         .expect("gateway starts")
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-fn base(g: &Running) -> String {
+pub(crate) fn base(g: &Running) -> String {
     format!("http://{}", g.addr)
 }
 
-fn chat_body(stream: bool) -> String {
+pub(crate) fn chat_body(stream: bool) -> String {
     json!({"model": "test-model", "stream": stream,
            "messages": [{"role": "user", "content": "um so i think the the plan works"}]})
     .to_string()
 }
 
-async fn chat(
+pub(crate) async fn chat(
     c: &reqwest::Client,
     base: &str,
     id: &str,
@@ -52,11 +52,11 @@ async fn chat(
     rb.send().await.expect("request reaches the gateway")
 }
 
-fn wav(seconds: f64) -> Vec<u8> {
+pub(crate) fn wav(seconds: f64) -> Vec<u8> {
     headroom_server::audio::fixtures::wav(seconds, 8000, 1)
 }
 
-fn multipart_body(file: Option<&[u8]>, model: &str) -> (String, Vec<u8>) {
+pub(crate) fn multipart_body(file: Option<&[u8]>, model: &str) -> (String, Vec<u8>) {
     let boundary = "headroomtestboundary";
     let mut b = Vec::new();
     b.extend_from_slice(
@@ -74,7 +74,12 @@ fn multipart_body(file: Option<&[u8]>, model: &str) -> (String, Vec<u8>) {
     (format!("multipart/form-data; boundary={boundary}"), b)
 }
 
-async fn transcribe(c: &reqwest::Client, base: &str, id: &str, delay_ms: u64) -> reqwest::Response {
+pub(crate) async fn transcribe(
+    c: &reqwest::Client,
+    base: &str,
+    id: &str,
+    delay_ms: u64,
+) -> reqwest::Response {
     let (ct, body) = multipart_body(Some(&wav(1.0)), "whisper-1");
     c.post(format!("{base}/v1/audio/transcriptions"))
         .header("content-type", ct)
@@ -86,17 +91,17 @@ async fn transcribe(c: &reqwest::Client, base: &str, id: &str, delay_ms: u64) ->
         .expect("request reaches the gateway")
 }
 
-async fn json_of(r: reqwest::Response) -> Value {
+pub(crate) async fn json_of(r: reqwest::Response) -> Value {
     let bytes = r.bytes().await.unwrap();
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
 }
 
-async fn admin(c: &reqwest::Client, base: &str) -> Value {
+pub(crate) async fn admin(c: &reqwest::Client, base: &str) -> Value {
     json_of(c.get(format!("{base}/admin/lanes")).send().await.unwrap()).await
 }
 
-fn lane<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn lane<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
     snapshot["lanes"]
         .as_array()
         .unwrap()
@@ -106,7 +111,7 @@ fn lane<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
 }
 
 /// Polls /admin/lanes until `pred` holds for `name` (bounded), returning the last snapshot.
-async fn wait_lane(
+pub(crate) async fn wait_lane(
     c: &reqwest::Client,
     base: &str,
     name: &str,
@@ -124,7 +129,7 @@ async fn wait_lane(
 }
 
 /// Value of one sample line of /metrics, e.g. `headroom_lane_inflight{lane="text"}`.
-async fn metric(c: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
+pub(crate) async fn metric(c: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
     let text = c
         .get(format!("{base}/metrics"))
         .send()
@@ -139,14 +144,14 @@ async fn metric(c: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn text_lane(up: &Upstream, extra: &str) -> String {
+pub(crate) fn text_lane(up: &Upstream, extra: &str) -> String {
     format!(
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\", \"/v1/completions\"]\nupstreams = [\"{}\"]\n{extra}\n",
         up.url()
     )
 }
 
-fn audio_lane(up: &Upstream, extra: &str) -> String {
+pub(crate) fn audio_lane(up: &Upstream, extra: &str) -> String {
     format!(
         "[[lanes]]\nname = \"audio\"\npaths = [\"/v1/audio/transcriptions\", \"/v1/audio/translations\", \"/v1/audio/speech\"]\nupstreams = [\"{}\"]\n{extra}\n",
         up.url()
@@ -1455,7 +1460,10 @@ policy = "queue"
 "#;
 
 /// Starts the real binary; returns the child and the address it printed.
-fn start_binary(config: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
+pub(crate) fn start_binary(
+    config: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
         .arg("serve")
@@ -1479,7 +1487,7 @@ fn start_binary(config: &std::path::Path, extra: &[&str]) -> (std::process::Chil
     (child, addr)
 }
 
-fn sigterm(child: &std::process::Child) {
+pub(crate) fn sigterm(child: &std::process::Child) {
     let ok = std::process::Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -1488,7 +1496,10 @@ fn sigterm(child: &std::process::Child) {
     assert!(ok.success());
 }
 
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+pub(crate) fn wait_exit(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
     let until = std::time::Instant::now() + within;
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -2015,7 +2026,7 @@ async fn audio_work_preempts_running_text_on_a_preemptible_lane() {
         "{}{}",
         text_lane(
             &up,
-            "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true"
+            "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true\npreempt_per_job = 2"
         ),
         audio_lane(&up, "max_inflight = 1")
     );

@@ -50,8 +50,15 @@ struct Inner {
     probe: Option<Arc<dyn GpuProbe>>,
     next_id: AtomicU64,
     state: Mutex<State>,
-    /// Per lane: fired when a lane it yields to admits work, for lanes with `preempt`.
-    preempt: Vec<Arc<Notify>>,
+}
+
+/// A granted slot: the upstream it runs on, its id, and (on a `preempt` lane) the notification
+/// that tells it to stop.
+#[derive(Clone)]
+struct Slot {
+    upstream: usize,
+    id: u64,
+    preempt: Option<Arc<Notify>>,
 }
 
 #[derive(Default)]
@@ -60,7 +67,7 @@ struct State {
     total_inflight: usize,
     engine: HashMap<String, EngineLoad>,
     /// Waiters admitted by a dispatch that have not yet picked up their permit: id -> upstream.
-    granted: HashMap<u64, usize>,
+    granted: HashMap<u64, Slot>,
     draining: bool,
 }
 
@@ -79,6 +86,8 @@ struct LaneState {
     yield_since: Option<Instant>,
     /// When a request of this lane last ended (for the yielding lanes' linger).
     last_release: Option<Instant>,
+    /// On a `preempt` lane: running slots not yet told to stop, oldest first.
+    preemptible: Vec<(u64, Arc<Notify>)>,
 }
 
 struct Waiting {
@@ -93,6 +102,8 @@ pub struct Permit {
     inner: Arc<Inner>,
     lane: usize,
     upstream: usize,
+    slot: u64,
+    preempt: Option<Arc<Notify>>,
     admitted_at: Instant,
     queue_wait: Duration,
 }
@@ -135,12 +146,11 @@ impl Permit {
         self.admitted_at
     }
 
-    /// For lanes with `preempt`: notified when a lane this one yields to admits work. Create the
-    /// waiter at once (`notified_owned`, then `enable`) so no notification is missed.
+    /// For lanes with `preempt`: notified (once) when this request is chosen to stop for work of
+    /// a lane it yields to. The notification is stored until awaited (`Notify::notify_one`), so a
+    /// waiter armed after it was sent still fires.
     pub fn preemption(&self) -> Option<Arc<Notify>> {
-        self.inner.specs[self.lane]
-            .preempt
-            .then(|| self.inner.preempt[self.lane].clone())
+        self.preempt.clone()
     }
 }
 
@@ -149,7 +159,7 @@ impl Drop for Permit {
         let service = self.admitted_at.elapsed();
         let mut st = self.inner.lock();
         self.inner
-            .release_locked(&mut st, self.lane, self.upstream, Some(service));
+            .release_locked(&mut st, self.lane, self.upstream, self.slot, Some(service));
         self.inner.dispatch_locked(&mut st);
     }
 }
@@ -169,9 +179,9 @@ impl Drop for WaitGuard<'_> {
             return;
         }
         let mut st = self.inner.lock();
-        if let Some(upstream) = st.granted.remove(&self.id) {
+        if let Some(slot) = st.granted.remove(&self.id) {
             self.inner
-                .release_locked(&mut st, self.lane, upstream, None);
+                .release_locked(&mut st, self.lane, slot.upstream, slot.id, None);
         } else {
             let lane = &mut st.lanes[self.lane];
             if let Some(pos) = lane.queue.iter().position(|w| w.id == self.id) {
@@ -289,7 +299,6 @@ impl Gate {
                 ..LaneState::default()
             })
             .collect();
-        let specs_len = specs.len();
         Ok(Gate {
             inner: Arc::new(Inner {
                 specs,
@@ -298,7 +307,6 @@ impl Gate {
                 max_inflight_total,
                 probe,
                 next_id: AtomicU64::new(1),
-                preempt: (0..specs_len).map(|_| Arc::new(Notify::new())).collect(),
                 state: Mutex::new(State {
                     lanes,
                     ..State::default()
@@ -325,6 +333,11 @@ impl Gate {
     /// Stops admitting new work; queued and in-flight work continues.
     pub fn start_draining(&self) {
         self.inner.lock().draining = true;
+    }
+
+    /// Whether [`Gate::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner.lock().draining
     }
 
     /// Returns once nothing is queued or in flight.
@@ -362,8 +375,8 @@ impl Gate {
             };
             match verdict {
                 Ok(upstream) => {
-                    inner.take_slot(&mut st, lane, upstream, now);
-                    return Ok(inner.permit(lane, upstream, Duration::ZERO));
+                    let slot = inner.take_slot(&mut st, lane, upstream, now);
+                    return Ok(inner.permit(lane, slot, Duration::ZERO));
                 }
                 Err(reason) => {
                     let queue_full = st.lanes[lane].queue.len() >= spec.max_queue;
@@ -413,9 +426,9 @@ impl Gate {
                 _ = tokio::time::sleep_until(deadline) => true,
             };
             let mut st = inner.lock();
-            if let Some(upstream) = st.granted.remove(&id) {
+            if let Some(slot) = st.granted.remove(&id) {
                 guard.armed = false;
-                return Ok(inner.permit(lane, upstream, enqueued_at.elapsed()));
+                return Ok(inner.permit(lane, slot, enqueued_at.elapsed()));
             }
             if timed_out || Instant::now() >= deadline {
                 guard.armed = false;
@@ -505,28 +518,56 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn permit(self: &Arc<Self>, lane: usize, upstream: usize, queue_wait: Duration) -> Permit {
+    fn permit(self: &Arc<Self>, lane: usize, slot: Slot, queue_wait: Duration) -> Permit {
         Permit {
             inner: self.clone(),
             lane,
-            upstream,
+            upstream: slot.upstream,
+            slot: slot.id,
+            preempt: slot.preempt,
             admitted_at: Instant::now(),
             queue_wait,
         }
     }
 
-    fn take_slot(&self, st: &mut State, lane: usize, upstream: usize, now: Instant) {
+    fn take_slot(&self, st: &mut State, lane: usize, upstream: usize, now: Instant) -> Slot {
         let busy = self.higher_busy(st, lane, now);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let preempt = self.specs[lane].preempt.then(|| Arc::new(Notify::new()));
         let ls = &mut st.lanes[lane];
         ls.inflight += 1;
         ls.upstream_inflight[upstream] += 1;
         ls.admitted += 1;
+        if let Some(n) = &preempt {
+            ls.preemptible.push((id, n.clone()));
+        }
         // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
         ls.yield_since = if busy { Some(now) } else { None };
         st.total_inflight += 1;
+        self.preempt_for(st, lane);
+        Slot {
+            upstream,
+            id,
+            preempt,
+        }
+    }
+
+    /// Work was admitted on `lane`: each preemptible lane that yields to it stops its
+    /// `preempt_per_job` youngest running requests (those that have spent least so far). The
+    /// notification is stored in each request's own `Notify`, so one whose waiter is not armed
+    /// yet still stops when it arms it.
+    fn preempt_for(&self, st: &mut State, lane: usize) {
         for (other, targets) in self.yield_targets.iter().enumerate() {
-            if self.specs[other].preempt && targets.contains(&lane) {
-                self.preempt[other].notify_waiters();
+            let spec = &self.specs[other];
+            if !spec.preempt || !targets.contains(&lane) {
+                continue;
+            }
+            let running = &mut st.lanes[other].preemptible;
+            for _ in 0..spec.preempt_per_job {
+                match running.pop() {
+                    Some((_, notify)) => notify.notify_one(),
+                    None => break,
+                }
             }
         }
     }
@@ -536,9 +577,11 @@ impl Inner {
         st: &mut State,
         lane: usize,
         upstream: usize,
+        slot: u64,
         service: Option<Duration>,
     ) {
         let ls = &mut st.lanes[lane];
+        ls.preemptible.retain(|(id, _)| *id != slot);
         debug_assert!(ls.inflight > 0, "permit released twice");
         ls.inflight = ls.inflight.saturating_sub(1);
         ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
@@ -675,8 +718,8 @@ impl Inner {
                             .queue
                             .pop_front()
                             .expect("queue head checked above");
-                        self.take_slot(st, lane, upstream, now);
-                        st.granted.insert(head.id, upstream);
+                        let slot = self.take_slot(st, lane, upstream, now);
+                        st.granted.insert(head.id, slot);
                         head.notify.notify_one();
                     }
                     Err(_) => break,
@@ -1063,6 +1106,89 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         // One queued ahead: (1 + 1) * 400 ms / 2.
         assert_eq!(g.retry_after(0), Duration::from_millis(400));
+    }
+
+    fn preempting_pair(per_job: usize) -> Gate {
+        let audio = lane("audio", 4, 0, Policy::Reject);
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            preempt: true,
+            preempt_per_job: per_job,
+            // Admission of text while audio runs is not what these tests are about.
+            max_yield: Duration::ZERO,
+            ..lane("text", 8, 0, Policy::Reject)
+        };
+        gate(vec![audio, text])
+    }
+
+    /// Whether `permit`'s preemption has fired (arming its waiter now, as the server does).
+    fn told_to_stop(permit: &Permit) -> bool {
+        let notify = permit
+            .preemption()
+            .expect("a preempt lane's permit has a waiter");
+        let mut waiter = Box::pin(notify.notified_owned());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        waiter.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_audio_job_stops_only_the_youngest_text_request() {
+        let g = preempting_pair(1);
+        let mut text = Vec::new();
+        for _ in 0..3 {
+            text.push(g.admit(1, AdmitRequest::default()).await.unwrap());
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let _a1 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let told: Vec<bool> = text.iter().map(told_to_stop).collect();
+        assert_eq!(
+            told,
+            vec![false, false, true],
+            "youngest first, one per job"
+        );
+        // The stopped request leaves; the next audio job stops the next youngest.
+        text.pop();
+        let _a2 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let told: Vec<bool> = text.iter().map(told_to_stop).collect();
+        assert_eq!(told, vec![false, true]);
+
+        let g = preempting_pair(2);
+        let mut text = Vec::new();
+        for _ in 0..3 {
+            text.push(g.admit(1, AdmitRequest::default()).await.unwrap());
+        }
+        let _a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        assert_eq!(text.iter().filter(|p| told_to_stop(p)).count(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_preemption_sent_before_the_waiter_is_armed_is_not_lost() {
+        // Audio is admitted in the window between a text permit being granted and its waiter
+        // being armed, hundreds of times on two threads; every such text request still stops.
+        for round in 0..300 {
+            let g = preempting_pair(1);
+            let (g1, g2) = (g.clone(), g.clone());
+            let text = tokio::spawn(async move { g1.admit(1, AdmitRequest::default()).await });
+            let audio = tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                g2.admit(0, AdmitRequest::default()).await
+            });
+            let text = text.await.unwrap().unwrap();
+            let audio = audio.await.unwrap().unwrap();
+            // Armed only now, after the audio job was admitted (or not yet: then nothing fired,
+            // and the text request, admitted after the audio one, is not the one to stop).
+            let notify = text.preemption().unwrap();
+            let mut waiter = Box::pin(notify.notified_owned());
+            waiter.as_mut().enable();
+            let text_first = text.admitted_at() <= audio.admitted_at();
+            let fired = tokio::time::timeout(Duration::from_millis(200), waiter)
+                .await
+                .is_ok();
+            assert!(
+                !text_first || fired,
+                "round {round}: text ran before audio and was never told to stop"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,6 +26,8 @@ use crate::telemetry::{BAD_REQUESTS_TOTAL, FALLBACKS_TOTAL, Telemetry};
 pub const TIMEOUT_HEADER: &str = "x-headroom-timeout-ms";
 /// Header naming the lane a request wants.
 pub const LANE_HEADER: &str = "x-headroom-lane";
+/// The `model` of a fallback answer: the rule-based cleanup, not the requested LLM.
+pub const FALLBACK_MODEL: &str = "headroom-rule-based-cleanup";
 /// Header marking a fallback answer.
 pub const FALLBACK_HEADER: &str = "x-headroom-fallback";
 
@@ -170,10 +172,9 @@ pub(crate) fn fallback_response(
         .increment(1);
     s.telemetry.outcome(lane, "fallback");
     let text = clean_transcript(&last_user_text(request));
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("headroom-fallback");
+    // The answer names what produced it, never the LLM the client asked for.
+    let model = FALLBACK_MODEL;
+    let _ = request.get("model");
     let id = format!(
         "chatcmpl-headroom-{}",
         s.fallback_ids.fetch_add(1, Ordering::Relaxed)

@@ -96,9 +96,10 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let (parts, body) = req.into_parts();
     let targets = lane::candidates(&s.config, route, &parts.headers)?;
     let bytes = body::read(body, &parts.headers, &targets).await?;
-    let facts = validate::inspect(route, &parts.headers, &bytes)?;
+    let mut facts = validate::inspect(route, &parts.headers, &bytes)?;
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
+    let assumed_duration = limits::assume_unknown_duration(lane, &mut facts);
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes);
     let deadline = admit::deadline(arrival, lane, &parts.headers);
     let permit = match admit::admit(&s, lane, &facts, deadline).await {
@@ -112,5 +113,15 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let send = forward::send(&s, lane, &parts.headers, url, forward_body);
     let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
     let response = forward::received(sent, &mut flight)?;
-    respond::respond(lane, response, flight, deadline, queue_wait, preempted).await
+    let mut response =
+        respond::respond(lane, response, flight, deadline, queue_wait, preempted).await?;
+    if assumed_duration {
+        response.headers_mut().insert(
+            limits::AUDIO_DURATION_HEADER,
+            axum::http::HeaderValue::from_static(
+                "unknown; admitted as the lane's max_audio_seconds",
+            ),
+        );
+    }
+    Ok(response)
 }
