@@ -360,3 +360,104 @@ async fn fifty_thousand_unscraped_requests_leave_the_gateways_memory_flat() {
     // Nothing was scraped during the run; the counters are all there when someone does.
     let _ = metric;
 }
+
+fn closed_port_url() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_replica_is_retried_around_ejected_and_readiness_holds_on_the_live_one() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let dead = closed_port_url();
+    // The dead replica is listed first, so the least-loaded pick (a tie) tries it first.
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{dead}\", \"{}\"]\nmax_inflight = 4\n",
+        up.url()
+    );
+    let g = gateway(&toml).await;
+    let (c, b) = (client(), base(&g));
+    for i in 0..20 {
+        let r = chat(&c, &b, &format!("r{i}"), &[], false).await;
+        assert_eq!(
+            r.status(),
+            200,
+            "request {i}: connection refused is retried on the other replica"
+        );
+    }
+    assert_eq!(
+        up.log.all().len(),
+        20,
+        "each request reached the live replica once"
+    );
+    let snapshot = crate::serve::admin(&c, &b).await;
+    let ups = &crate::serve::lane(&snapshot, "text")["upstreams"];
+    assert_eq!(ups[0]["healthy"], false, "{ups}");
+    assert_eq!(ups[1]["healthy"], true, "{ups}");
+    assert!(
+        ups[0]["consecutive_failures"].as_u64().unwrap() >= 3,
+        "{ups}"
+    );
+    // Ready: every lane has a healthy replica. Alive, too.
+    let r = c.get(format!("{b}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v = json_of(r).await;
+    assert_eq!(v["lanes"][0]["healthy_upstreams"][0], up.url(), "{v}");
+    let r = c.get(format!("{b}/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    g.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lanes_sharing_an_upstream_count_its_inflight_together() {
+    let _serial = SERIAL.lock().await;
+    let (a, b_up) = (serve_upstream::start().await, serve_upstream::start().await);
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"chat\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{0}\", \"{1}\"]\nmax_inflight = 4\n[[lanes]]\nname = \"completions\"\npaths = [\"/v1/completions\"]\nupstreams = [\"{0}\", \"{1}\"]\nmax_inflight = 4\n",
+        a.url(),
+        b_up.url()
+    );
+    let g = gateway(&toml).await;
+    let (c, b) = (client(), base(&g));
+    // A long chat request holds the first replica.
+    let (c1, b1) = (c.clone(), b.clone());
+    let hold = tokio::spawn(async move {
+        chat(
+            &c1,
+            &b1,
+            "hold",
+            &[("x-test-chunks", "1"), ("x-test-interval-ms", "1500")],
+            false,
+        )
+        .await
+        .status()
+    });
+    wait_lane(&c, &b, "chat", Duration::from_secs(2), |l| {
+        l["inflight"] == 1
+    })
+    .await;
+    assert!(
+        a.log.get("hold").is_some(),
+        "the tie goes to the first replica"
+    );
+    // A completions request goes to the other replica: the first one is busy, if with another
+    // lane's work.
+    let r = c
+        .post(format!("{b}/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-test-id", "other-lane")
+        .body(r#"{"model":"m","prompt":"hi"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        b_up.log.get("other-lane").is_some(),
+        "sent to the busy replica instead"
+    );
+    assert_eq!(hold.await.unwrap(), 200);
+    g.shutdown().await.unwrap();
+}

@@ -66,6 +66,8 @@ struct State {
     lanes: Vec<LaneState>,
     total_inflight: usize,
     engine: HashMap<String, EngineLoad>,
+    /// Per upstream URL: in-flight requests from every lane, and passive health.
+    health: HashMap<String, upstream::Health>,
     /// Waiters admitted by a dispatch that have not yet picked up their permit: id -> upstream.
     granted: HashMap<u64, Slot>,
     draining: bool,
@@ -104,6 +106,10 @@ pub struct Permit {
     upstream: usize,
     slot: u64,
     preempt: Option<Arc<Notify>>,
+    /// Whether the upstream answered well (set by the caller; applied when the permit drops).
+    upstream_ok: Option<bool>,
+    /// Upstreams this request already tried (see [`Permit::reroute`]).
+    tried: Vec<usize>,
     admitted_at: Instant,
     queue_wait: Duration,
 }
@@ -152,12 +158,54 @@ impl Permit {
     pub fn preemption(&self) -> Option<Arc<Notify>> {
         self.preempt.clone()
     }
+
+    /// Records how the upstream answered (a connection failure or a 5xx is `false`); applied to
+    /// its passive health when the permit is dropped.
+    pub fn mark_upstream(&mut self, ok: bool) {
+        self.upstream_ok = Some(ok);
+    }
+
+    /// The request never reached its upstream (connection refused, or reset before any byte of
+    /// a response): counts that failure now and moves the request to the best other upstream of
+    /// the lane not tried yet. Returns the new upstream, or `None` when none is left.
+    pub fn reroute(&mut self) -> Option<&str> {
+        let now = Instant::now();
+        let mut st = self.inner.lock();
+        let spec = &self.inner.specs[self.lane];
+        let old = spec.upstreams[self.upstream].as_str();
+        st.health
+            .entry(old.to_string())
+            .or_default()
+            .record(false, now);
+        self.tried.push(self.upstream);
+        let next = upstream::choose(spec, &st.health, &st.engine, now, &self.tried)?;
+        let ls = &mut st.lanes[self.lane];
+        ls.upstream_inflight[self.upstream] = ls.upstream_inflight[self.upstream].saturating_sub(1);
+        ls.upstream_inflight[next] += 1;
+        if let Some(h) = st.health.get_mut(old) {
+            h.released();
+        }
+        st.health
+            .entry(spec.upstreams[next].clone())
+            .or_default()
+            .taken(now);
+        self.upstream = next;
+        drop(st);
+        Some(self.upstream())
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         let service = self.admitted_at.elapsed();
         let mut st = self.inner.lock();
+        if let Some(ok) = self.upstream_ok {
+            let url = &self.inner.specs[self.lane].upstreams[self.upstream];
+            st.health
+                .entry(url.clone())
+                .or_default()
+                .record(ok, Instant::now());
+        }
         self.inner
             .release_locked(&mut st, self.lane, self.upstream, self.slot, Some(service));
         self.inner.dispatch_locked(&mut st);
@@ -203,6 +251,11 @@ pub struct UpstreamSnapshot {
     pub kv_cache_usage: Option<f64>,
     /// Seconds since the engine metrics were last read; `None` when never.
     pub metrics_age_seconds: Option<f64>,
+    /// In flight to this upstream from every lane that uses it.
+    pub inflight_all_lanes: usize,
+    /// Not ejected by passive health (see [`Gate::upstream_healthy`]).
+    pub healthy: bool,
+    pub consecutive_failures: u32,
 }
 
 /// One lane's state at one instant.
@@ -333,6 +386,14 @@ impl Gate {
     /// Stops admitting new work; queued and in-flight work continues.
     pub fn start_draining(&self) {
         self.inner.lock().draining = true;
+    }
+
+    /// Whether passive health has not ejected `upstream` (URL as configured) right now.
+    pub fn upstream_healthy(&self, upstream: &str) -> bool {
+        let st = self.inner.lock();
+        !st.health
+            .get(upstream)
+            .is_some_and(|h| h.ejected(Instant::now()))
     }
 
     /// Whether [`Gate::start_draining`] was called.
@@ -487,7 +548,11 @@ impl Gate {
                         .zip(&ls.upstream_inflight)
                         .map(|(url, inflight)| {
                             let load = st.engine.get(url);
+                            let health = st.health.get(url);
                             UpstreamSnapshot {
+                                inflight_all_lanes: health.map_or(0, |h| h.inflight),
+                                healthy: !health.is_some_and(|h| h.ejected(now)),
+                                consecutive_failures: health.map_or(0, |h| h.failures),
                                 url: url.clone(),
                                 inflight: *inflight,
                                 waiting: load.and_then(|l| l.waiting),
@@ -525,6 +590,8 @@ impl Inner {
             upstream: slot.upstream,
             slot: slot.id,
             preempt: slot.preempt,
+            upstream_ok: None,
+            tried: Vec::new(),
             admitted_at: Instant::now(),
             queue_wait,
         }
@@ -538,6 +605,9 @@ impl Inner {
         ls.inflight += 1;
         ls.upstream_inflight[upstream] += 1;
         ls.admitted += 1;
+        let url = self.specs[lane].upstreams[upstream].clone();
+        st.health.entry(url).or_default().taken(now);
+        let ls = &mut st.lanes[lane];
         if let Some(n) = &preempt {
             ls.preemptible.push((id, n.clone()));
         }
@@ -586,6 +656,10 @@ impl Inner {
         ls.inflight = ls.inflight.saturating_sub(1);
         ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
         ls.released += 1;
+        if let Some(h) = st.health.get_mut(&self.specs[lane].upstreams[upstream]) {
+            h.released();
+        }
+        let ls = &mut st.lanes[lane];
         ls.last_release = Some(Instant::now());
         if let Some(sample) = service {
             ls.mean_service = Some(match ls.mean_service {
@@ -629,7 +703,7 @@ impl Inner {
         self.check_yield(st, lane, now)?;
         self.check_memory(lane, request)?;
         let spec = &self.specs[lane];
-        upstream::choose(spec, &st.lanes[lane].upstream_inflight, &st.engine, now)
+        upstream::choose(spec, &st.health, &st.engine, now, &[])
             .ok_or(RejectReason::EngineSaturated)
     }
 

@@ -108,11 +108,19 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
-    let url = forward::url(permit.upstream(), route, &parts.uri);
+    let mut url = forward::url(permit.upstream(), route, &parts.uri);
     let mut flight = Flight::new(s.telemetry.clone(), lane.name(), arrival, permit);
-    let send = forward::send(&s, lane, &parts.headers, url, forward_body);
-    let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
-    let response = forward::received(sent, &mut flight)?;
+    let response = loop {
+        let send = forward::send(&s, lane, &parts.headers, url, forward_body.clone());
+        let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
+        match forward::received(sent, &mut flight)? {
+            forward::Attempt::Answered(response) => break response,
+            forward::Attempt::Rerouted => {
+                let upstream = flight.permit_mut().map(|p| p.upstream().to_string());
+                url = forward::url(upstream.as_deref().unwrap_or_default(), route, &parts.uri);
+            }
+        }
+    };
     let mut response =
         respond::respond(lane, response, flight, deadline, queue_wait, preempted).await?;
     if assumed_duration {
