@@ -100,6 +100,8 @@ pub struct PlanArgs {
     pub kv_slack: String,
     #[command(flatten)]
     pub llamacpp: super::plan_llamacpp::LlamaCppArgs,
+    #[command(flatten)]
+    pub layout: super::plan_layout::LayoutArgs,
 }
 
 /// Token counts: `16384`, `16k`, `128K`.
@@ -289,6 +291,22 @@ fn parse_fraction(flag: &str, text: &str) -> anyhow::Result<f64> {
     }
 }
 
+/// `serve`'s lane limits; a speech model is the audio lane itself.
+fn render_lanes(plan: &Plan) -> String {
+    if plan.lanes.lane == "audio" {
+        format!(
+            "headroom serve audio lane (this model): max_inflight = {} (whole {}-token sequences the KV pool holds)\n",
+            plan.lanes.audio_max_inflight,
+            thousands(plan.max_model_len)
+        )
+    } else {
+        format!(
+            "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}\n",
+            plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
+        )
+    }
+}
+
 /// The right-sizing lines: the pool for the bound, and what it leaves the co-tenants.
 fn render_sizing(plan: &Plan) -> String {
     let mut out = String::new();
@@ -307,7 +325,12 @@ fn render_sizing(plan: &Plan) -> String {
     let reserved = plan.reservations.iter().map(|r| r.bytes).sum::<u64>();
     let _ = writeln!(
         out,
-        "headroom for audio: {:.2} GiB left beside vLLM ({:.2} GiB reserved, {:.2} GiB spare)",
+        "headroom for {}: {:.2} GiB left beside vLLM ({:.2} GiB reserved, {:.2} GiB spare)",
+        if plan.lanes.lane == "audio" {
+            "other tenants"
+        } else {
+            "audio"
+        },
         gib(plan.headroom_bytes),
         gib(reserved),
         gib(plan.headroom_bytes.saturating_sub(reserved))
@@ -327,10 +350,25 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
+    let layout = super::plan_layout::layout(&plan, &args.layout)?;
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-        Format::Shell => println!("{}", command_line(&plan)),
-        Format::Table => print!("{}", render_table(&plan)),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&super::plan_layout::json_with_layout(
+                &plan,
+                layout.as_ref()
+            )?)?
+        ),
+        Format::Shell => match &layout {
+            Some(l) => println!("{}", l.launch_lines.join("\n")),
+            None => println!("{}", command_line(&plan)),
+        },
+        Format::Table => {
+            print!("{}", render_table(&plan));
+            if let Some(l) = &layout {
+                print!("{}", super::plan_layout::render_layout(&plan, l));
+            }
+        }
     }
     if plan.fits {
         Ok(ExitCode::SUCCESS)
@@ -519,11 +557,7 @@ pub fn render_table(plan: &Plan) -> String {
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "{}", command_line(plan));
-    let _ = writeln!(
-        out,
-        "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}",
-        plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
-    );
+    out.push_str(&render_lanes(plan));
     for w in &plan.warnings {
         let _ = writeln!(out, "note: {w}");
     }

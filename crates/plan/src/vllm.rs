@@ -247,7 +247,8 @@ pub struct Component {
 pub struct AudioContext {
     pub tokens_per_second: f64,
     pub tokens_per_minute: f64,
-    /// Minutes of audio whose tokens fit in one `max_model_len` sequence (audio tokens only).
+    /// Minutes of audio one `max_model_len` sequence holds: for speech-to-text with the
+    /// transcript allowance and prompt the sizing adds; for speech output, audio tokens only.
     pub minutes_per_sequence: f64,
     /// For `--audio-minutes`: the audio tokens, the transcript allowance and the length needed.
     pub requested_minutes: Option<f64>,
@@ -294,8 +295,13 @@ pub struct LaneHints {
     pub text_max_inflight: u64,
     /// A short queue at the gateway instead of an unbounded one inside the engine.
     pub text_max_queue: u64,
-    /// One job at a time per audio tenant (speech servers serialize requests).
+    /// One job at a time per audio tenant (speech servers serialize requests); for a planned
+    /// speech model, the whole sequences of the planned length its KV pool holds.
     pub audio_max_inflight: u64,
+    /// The lane the planned model serves: `text`, or `audio` for speech models (whose text
+    /// limits are then 0).
+    #[serde(default)]
+    pub lane: String,
 }
 
 /// A full prediction.
@@ -312,6 +318,13 @@ pub struct Plan {
     pub quantization: String,
     pub dtype: String,
     pub kv_bytes_per_token: u64,
+    /// KV heads each tensor-parallel rank holds (`max(1, kv_heads / tp)`; 0 for MLA, whose one
+    /// latent is not split), and the KV bytes one token costs over all ranks together.
+    pub kv_heads_per_rank: u64,
+    pub kv_bytes_per_token_all_ranks: u64,
+    /// Extra bytes of components loaded wider than stored (VibeVoice tokenizers in float32),
+    /// on top of `weights_bytes` (the checkpoint's own total).
+    pub weights_upcast_bytes: u64,
     pub activation_peak_bytes: u64,
     pub non_torch_bytes: u64,
     pub cuda_graph_bytes: u64,
@@ -450,8 +463,34 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     }
 }
 
-/// Predicts vLLM's memory for `spec` under `req`.
+/// Predicts vLLM's memory for `spec` under `req`. For a speech model whose `--max-num-seqs` was
+/// not given, the plan is made again with `--max-num-seqs` lowered to the whole sequences of the
+/// planned length the KV pool holds (vLLM's 256 default would admit jobs it can only preempt).
 pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let first = plan_once(spec, req)?;
+    let speech = spec.kind != ModelKind::Text;
+    if !speech || req.max_num_seqs.is_some() || req.target_concurrency.is_some() {
+        return Ok(first);
+    }
+    let whole = (first.max_concurrency.floor() as u64).max(1);
+    if whole >= first.max_num_seqs {
+        return Ok(first);
+    }
+    let mut bounded = req.clone();
+    bounded.max_num_seqs = Some(whole);
+    // Keep the sizing the user chose (not a right-sized pool for the derived bound).
+    bounded.fill = true;
+    let mut p = plan_once(spec, &bounded)?;
+    p.sizing_mode = first.sizing_mode.clone();
+    p.warnings.push(format!(
+        "--max-num-seqs {whole}: the whole {}-token sequences this KV pool holds (vLLM's default {} would admit jobs it can only preempt)",
+        thousands(p.max_model_len),
+        first.max_num_seqs
+    ));
+    Ok(p)
+}
+
+fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     validate(spec, req)?;
     let mut warnings = Vec::new();
     let mut req = req.clone();
@@ -463,13 +502,14 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     let r = resolve(spec, &req, &mut warnings);
     let total = req.gpu_total_bytes;
     let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let upcast = upcast_bytes(&r.spec, r.weights_exact);
     let activation = activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp);
     let non_torch = non_torch_bytes(r.tp);
     let graphs = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager);
     let context = CUDA_CONTEXT_BYTES;
     let co_tenants = req.co_tenant_bytes();
     let margin = req.safety_margin_bytes;
-    let non_kv = weights + activation + non_torch;
+    let non_kv = weights + upcast + activation + non_torch;
 
     // Largest utilization whose whole footprint leaves every co-tenant and the margin free.
     let room = total.saturating_sub(co_tenants + margin + graphs + context);
@@ -584,10 +624,21 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     }
 
     let concurrency_floor = max_concurrency.floor() as u64;
-    let lanes = LaneHints {
-        text_max_inflight: concurrency_floor.min(r.max_num_seqs).max(1),
-        text_max_queue: (concurrency_floor.min(r.max_num_seqs).max(1) * 2).min(64),
-        audio_max_inflight: 1,
+    let whole = concurrency_floor.min(r.max_num_seqs).max(1);
+    let lanes = if r.spec.kind == ModelKind::Text {
+        LaneHints {
+            text_max_inflight: whole,
+            text_max_queue: (whole * 2).min(64),
+            audio_max_inflight: 1,
+            lane: "text".into(),
+        }
+    } else {
+        LaneHints {
+            text_max_inflight: 0,
+            text_max_queue: 0,
+            audio_max_inflight: whole,
+            lane: "audio".into(),
+        }
     };
 
     let mut vllm_args = vec![
@@ -634,9 +685,24 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     }
 
     let per_token = r.layout.bytes_per_token();
-    let components = components(
+    let mut components = components(
         &r, &req, weights, activation, non_torch, graphs, kv_cache, per_token,
     );
+    if upcast > 0 {
+        components.insert(
+            1,
+            Component {
+                name: "audio tokenizers fp32".into(),
+                bytes: upcast,
+                why: format!(
+                    "{} M tokenizer/connector parameters stored {} and loaded as {}",
+                    r.spec.extra_params / 1_000_000,
+                    r.spec.dtype.vllm_name(),
+                    r.spec.extra_dtype.vllm_name()
+                ),
+            },
+        );
+    }
 
     let target = req
         .target_concurrency
@@ -669,6 +735,13 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         quantization: r.spec.quantization.scheme.label().to_string(),
         dtype: r.spec.dtype.vllm_name().to_string(),
         kv_bytes_per_token: per_token,
+        kv_heads_per_rank: if r.spec.mla.is_some() {
+            0
+        } else {
+            (r.spec.num_kv_heads / r.tp).max(1)
+        },
+        kv_bytes_per_token_all_ranks: per_token * r.tp,
+        weights_upcast_bytes: upcast,
         activation_peak_bytes: activation,
         non_torch_bytes: non_torch,
         cuda_graph_bytes: graphs,
@@ -745,6 +818,19 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Bytes the engine adds when it loads the extra components (audio tokenizers) in a wider dtype
+/// than the checkpoint stores them in: VibeVoice's vLLM plugin converts its bf16 acoustic and
+/// semantic tokenizers to float32 at load. Only for exact checkpoint totals (estimates already
+/// price `extra_params` at `extra_dtype`).
+pub fn upcast_bytes(spec: &ModelSpec, weights_exact: bool) -> u64 {
+    let stored = spec.dtype.bytes();
+    if weights_exact && spec.extra_dtype.bytes() > stored {
+        spec.extra_params * (spec.extra_dtype.bytes() - stored)
+    } else {
+        0
+    }
+}
+
 /// Rounds `x` up to two decimals (0.431 → 0.44), the precision vLLM's flag is written with.
 fn ceil_2dp(x: f64) -> f64 {
     ((x * 100.0) - 1e-9).ceil() / 100.0
@@ -791,7 +877,14 @@ fn audio_context(
         }
     }
     let len = req.max_model_len.unwrap_or(spec.max_position_embeddings);
-    ctx.minutes_per_sequence = len as f64 / per_min;
+    // The inverse of the sizing above: speech-to-text sequences also carry the transcript and the
+    // prompt, so a length sized for M minutes holds exactly M minutes.
+    ctx.minutes_per_sequence = if spec.kind == ModelKind::SpeechToText {
+        len.saturating_sub(ASR_PROMPT_TOKENS) as f64
+            / (per_min + TRANSCRIPT_TOKENS_PER_MINUTE as f64)
+    } else {
+        len as f64 / per_min
+    };
     Ok(Some(ctx))
 }
 
@@ -816,7 +909,12 @@ fn components(
             name: "weights".into(),
             bytes: weights,
             why: if r.weights_exact {
-                format!("exact, from tensor headers{tp_note}")
+                match r.spec.exact_weights.map(|w| w.origin) {
+                    Some(crate::spec::WeightsOrigin::Catalog) => {
+                        format!("exact checkpoint total (catalog, with its source){tp_note}")
+                    }
+                    _ => format!("exact, from tensor headers{tp_note}"),
+                }
             } else {
                 format!(
                     "estimated from the shape, {} {}{tp_note}",
@@ -1323,6 +1421,61 @@ mod tests {
         // A user's utilization or pool keeps its meaning.
         req.gpu_memory_utilization = Some(0.5);
         assert_eq!(plan(&llama_8b(), &req).unwrap().sizing_mode, "given");
+    }
+
+    fn vibevoice_asr() -> ModelSpec {
+        let mut spec =
+            ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18_944, 28, 28, 4, 152_064);
+        spec.kind = ModelKind::SpeechToText;
+        spec.max_position_embeddings = 65_536;
+        spec.audio_tokenizer = Some(AudioTokenizer {
+            sample_rate_hz: 24_000,
+            samples_per_token: 3200,
+        });
+        spec.exact_weights = Some(ExactWeights {
+            bytes: 17_340_000_000,
+            origin: WeightsOrigin::Catalog,
+        });
+        spec.extra_params = 1_054_383_488;
+        spec.extra_dtype = Dtype::F32;
+        spec
+    }
+
+    #[test]
+    fn a_speech_model_gets_audio_lane_limits_and_a_consistent_minutes_line() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.audio_minutes = Some(60.0);
+        let p = plan(&vibevoice_asr(), &req).unwrap();
+        // bf16 tokenizers loaded as float32: 2 more bytes a parameter.
+        assert_eq!(p.weights_upcast_bytes, 1_054_383_488 * 2);
+        assert_eq!(p.weights_bytes, 17_340_000_000);
+        // 60 min: 27,000 audio + 15,000 transcript + 128 prompt tokens.
+        assert_eq!(p.max_model_len, 42_128);
+        let a = p.audio.as_ref().unwrap();
+        assert!(
+            (a.minutes_per_sequence - 60.0).abs() < 1e-9,
+            "{}",
+            a.minutes_per_sequence
+        );
+        assert_eq!(p.lanes.lane, "audio");
+        assert_eq!((p.lanes.text_max_inflight, p.lanes.text_max_queue), (0, 0));
+        // Whole sequences of 42,128 tokens the pool holds: blocks / ceil(42,128 / 16).
+        let whole = p.num_blocks / 42_128u64.div_ceil(16);
+        assert_eq!(p.lanes.audio_max_inflight, whole.max(1));
+        assert!(p.max_num_seqs <= whole.max(1));
+        assert!(p.fits);
+    }
+
+    #[test]
+    fn tensor_parallel_splits_kv_heads_across_ranks() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.tensor_parallel_size = 2;
+        req.max_model_len = Some(32_768);
+        let p = plan(&vibevoice_asr(), &req).unwrap();
+        // 4 KV heads over 2 ranks: 2 heads × 128 × 2 (K, V) × 2 B × 28 layers per rank.
+        assert_eq!(p.kv_heads_per_rank, 2);
+        assert_eq!(p.kv_bytes_per_token, 2 * 128 * 2 * 2 * 28);
+        assert_eq!(p.kv_bytes_per_token_all_ranks, 4 * 128 * 2 * 2 * 28);
     }
 
     #[test]
