@@ -562,9 +562,9 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     let headroom = total.saturating_sub(instance + req.other_used_bytes + margin);
 
     let mut estimated_max_model_len = None;
-    let failure = if weights > free_at_start {
+    let failure = if weights + upcast > free_at_start {
         Some(Failure::WeightsDoNotFit {
-            weights_bytes: weights,
+            weights_bytes: weights + upcast,
             free_bytes: free_at_start,
         })
     } else if free_at_start < requested {
