@@ -215,3 +215,30 @@ fn vibevoice_asr_is_planned_as_the_audio_lane_with_its_whole_checkpoint() {
         "{table}"
     );
 }
+
+#[test]
+fn base_twins_are_in_the_catalog() {
+    let (l, code) = plan_json(&[
+        "--model",
+        "meta-llama/Meta-Llama-3-8B",
+        "--gpu",
+        "H100",
+        "--max-model-len",
+        "8192",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(l["model"], "meta-llama/Meta-Llama-3-8B");
+    // 2 (K, V) × 32 layers × 8 KV heads × 128 × 2 B.
+    assert_eq!(u(&l, "kv_bytes_per_token"), 2 * 32 * 8 * 128 * 2);
+    let (d, code) = plan_json(&[
+        "--model",
+        "deepseek-ai/DeepSeek-V2-Lite",
+        "--gpu",
+        "H100",
+        "--max-model-len",
+        "8192",
+    ]);
+    assert_eq!(code, 0);
+    // MLA: one latent of kv_lora_rank 512 + rope 64 per layer, 27 layers, bf16.
+    assert_eq!(u(&d, "kv_bytes_per_token"), 27 * (512 + 64) * 2);
+}
