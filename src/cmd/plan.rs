@@ -66,6 +66,13 @@ pub struct PlanArgs {
     pub quantization: Option<String>,
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     pub tensor_parallel_size: u64,
+    /// Decoder layers split over this many GPUs (vLLM --pipeline-parallel-size); figures per GPU.
+    #[arg(long, visible_alias = "pp", default_value_t = 1)]
+    pub pipeline_parallel_size: u64,
+    /// The vLLM release to reproduce (0.6.3, 0.8.5, latest): older ones profile and charge
+    /// memory differently.
+    #[arg(long, default_value = "latest")]
+    pub vllm_version: String,
     /// Memory for another tenant: NAME=SIZE, or a catalog profile (whisper-large-v3). Repeatable.
     #[arg(long)]
     pub reserve: Vec<String>,
@@ -272,6 +279,14 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
     req.fill = args.fill;
+    req.pipeline_parallel_size = args.pipeline_parallel_size;
+    req.vllm_version =
+        headroom_plan::VllmVersion::parse(&args.vllm_version).with_context(|| {
+            format!(
+                "invalid --vllm-version '{}': use a release such as 0.6.3 or 0.10.1, or latest",
+                args.vllm_version
+            )
+        })?;
     req.kv_slack = parse_fraction("kv-slack", &args.kv_slack)?;
     Ok(req)
 }

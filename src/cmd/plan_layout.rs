@@ -52,10 +52,11 @@ pub fn layout(plan: &Plan, args: &LayoutArgs) -> anyhow::Result<Option<Layout>> 
     if n == 0 {
         anyhow::bail!("invalid --data-parallel-size 0: must be at least 1");
     }
-    if n == 1 && plan.tensor_parallel_size == 1 {
+    if n == 1 && plan.tensor_parallel_size == 1 && plan.pipeline_parallel_size == 1 {
         return Ok(None);
     }
-    let tp = plan.tensor_parallel_size.max(1);
+    // GPUs of one replica: tensor-parallel ranks × pipeline stages.
+    let tp = plan.tensor_parallel_size.max(1) * plan.pipeline_parallel_size.max(1);
     if u64::from(args.base_port) + n > 65_536 {
         anyhow::bail!(
             "invalid --base-port {}: {n} replicas run past port 65535",
@@ -114,6 +115,13 @@ pub fn json_with_layout(plan: &Plan, layout: Option<&Layout>) -> anyhow::Result<
 pub fn render_layout(plan: &Plan, layout: &Layout) -> String {
     let mut out = String::new();
     let tp = plan.tensor_parallel_size;
+    if plan.pipeline_parallel_size > 1 {
+        let _ = writeln!(
+            out,
+            "pipeline parallel {}: {} decoder layers per stage; the weights and KV above are the largest stage's",
+            plan.pipeline_parallel_size, plan.layers_per_stage
+        );
+    }
     if tp > 1 {
         let heads = if plan.kv_heads_per_rank == 0 {
             "the MLA latent is replicated on every rank".to_string()
@@ -135,8 +143,12 @@ pub fn render_layout(plan: &Plan, layout: &Layout) -> String {
             out,
             "data parallel {}: the figures above are per replica ({} GPU{} each, {} GPUs in all); {} KV tokens and {} jobs in flight over all replicas",
             layout.data_parallel_size,
-            tp,
-            if tp > 1 { "s" } else { "" },
+            layout.gpus / layout.data_parallel_size,
+            if layout.gpus > layout.data_parallel_size {
+                "s"
+            } else {
+                ""
+            },
             layout.gpus,
             thousands(layout.kv_cache_tokens_all_replicas),
             layout.max_inflight_all_replicas

@@ -242,3 +242,38 @@ fn base_twins_are_in_the_catalog() {
     // MLA: one latent of kv_lora_rank 512 + rope 64 per layer, 27 layers, bf16.
     assert_eq!(u(&d, "kv_bytes_per_token"), 27 * (512 + 64) * 2);
 }
+
+#[test]
+fn pipeline_parallel_and_vllm_version_flags() {
+    let (p, code) = plan_json(&[
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu",
+        "24GiB",
+        "--max-model-len",
+        "8192",
+        "--pipeline-parallel-size",
+        "2",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(u(&p, "layers_per_stage"), 16);
+    assert_eq!(u(&p, "kv_bytes_per_token"), 16 * 2 * 8 * 128 * 2);
+    assert_eq!(
+        p["launch_lines"][0].as_str().unwrap().split(' ').next(),
+        Some("CUDA_VISIBLE_DEVICES=0,1")
+    );
+    let (v, code) = plan_json(&[
+        "--model",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "--gpu",
+        "24GiB",
+        "--max-model-len",
+        "8192",
+        "--vllm-version",
+        "0.6.3",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(v["vllm_version"], "v0");
+    // Without chunked prefill the profiling pass is a whole 8,192-token prompt.
+    assert_eq!(u(&v, "max_num_batched_tokens"), 8192);
+}

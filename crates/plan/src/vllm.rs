@@ -62,6 +62,55 @@ pub struct PlanRequest {
     pub fill: bool,
     /// Right-sizing slack for prefix caching, as a fraction of the bounded need (`--kv-slack`).
     pub kv_slack: f64,
+    /// `--pipeline-parallel-size`: decoder layers split over this many stages (one GPU each,
+    /// times the tensor-parallel ranks).
+    pub pipeline_parallel_size: u64,
+    /// Which vLLM's memory accounting to reproduce (`--vllm-version`).
+    pub vllm_version: VllmVersion,
+}
+
+/// vLLM releases whose memory accounting differs (the anchors' §1.1–1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum VllmVersion {
+    /// 0.9.1 and later: `requested = util × total` must be free at start; other processes are not
+    /// charged; `--kv-cache-memory` exists; chunked prefill profiles `max_num_batched_tokens`.
+    #[default]
+    Current,
+    /// Early V1 (0.8 to 0.9.0): all non-torch memory on the device, other processes' included,
+    /// is charged to the instance; no start-up free-memory check; no `--kv-cache-memory`.
+    EarlyV1,
+    /// V0 (before 0.8): budget `util × total` minus the instance's own use, no start-up check, no
+    /// `--kv-cache-memory`; without chunked prefill the profiling pass covers `max_model_len`
+    /// tokens (`max_num_batched_tokens` defaults to `max(max_model_len, 2048)`).
+    V0,
+}
+
+impl VllmVersion {
+    /// `0.6.3`, `v0.8.5`, `0.10`, or `latest`.
+    pub fn parse(s: &str) -> Option<VllmVersion> {
+        let t = s.trim().trim_start_matches(['v', 'V']);
+        if t.eq_ignore_ascii_case("latest") || t.eq_ignore_ascii_case("current") {
+            return Some(VllmVersion::Current);
+        }
+        let mut parts = t.split('.').map(|p| p.parse::<u64>().ok());
+        let major = parts.next()??;
+        let minor = parts.next().flatten().unwrap_or(0);
+        let patch = parts.next().flatten().unwrap_or(0);
+        Some(match (major, minor, patch) {
+            (0, m, _) if m < 8 => VllmVersion::V0,
+            (0, 8, _) | (0, 9, 0) => VllmVersion::EarlyV1,
+            _ => VllmVersion::Current,
+        })
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            VllmVersion::Current => "current",
+            VllmVersion::EarlyV1 => "early_v1",
+            VllmVersion::V0 => "v0",
+        }
+    }
 }
 
 impl PlanRequest {
@@ -89,6 +138,8 @@ impl PlanRequest {
             target_concurrency: None,
             fill: false,
             kv_slack: DEFAULT_KV_SLACK,
+            pipeline_parallel_size: 1,
+            vllm_version: VllmVersion::Current,
         }
     }
 
@@ -312,6 +363,11 @@ pub struct Plan {
     pub gpu_name: Option<String>,
     pub gpu_total_bytes: u64,
     pub tensor_parallel_size: u64,
+    pub pipeline_parallel_size: u64,
+    /// Decoder layers on the largest pipeline stage; per-GPU weights and KV are for that stage.
+    pub layers_per_stage: u64,
+    /// The vLLM accounting reproduced: `current`, `early_v1` or `v0`.
+    pub vllm_version: String,
     pub weights_bytes: u64,
     /// `exact` (from headers) or `estimated` (from the shape).
     pub weights_origin: String,
@@ -390,6 +446,9 @@ struct Resolved {
     weights_total: u64,
     weights_exact: bool,
     tp: u64,
+    pp: u64,
+    /// Decoder layers on the largest pipeline stage (all of them without PP).
+    stage_layers: u64,
     max_model_len: u64,
     max_num_seqs: u64,
     mbt: u64,
@@ -438,12 +497,26 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     let (default_mbt, default_seqs) =
         default_batching(req.gpu_total_bytes, req.gpu_name.as_deref());
     let max_num_seqs = req.max_num_seqs.unwrap_or(default_seqs);
+    let default_mbt = if req.vllm_version == VllmVersion::V0 {
+        // No chunked prefill: one profiling pass over a whole max-length prompt.
+        default_mbt.max(max_model_len)
+    } else {
+        default_mbt
+    };
     let mbt = req
         .max_num_batched_tokens
         .unwrap_or(default_mbt)
         .max(max_num_seqs.min(default_mbt));
+    let pp = req.pipeline_parallel_size.max(1);
+    let stage_layers = spec.num_layers.div_ceil(pp);
+    // The KV cache of one stage: its share of the layers (sliding ones in proportion).
+    let mut stage = spec.clone();
+    stage.num_layers = stage_layers;
+    stage.num_sliding_layers = (spec.num_sliding_layers * stage_layers)
+        .div_ceil(spec.num_layers.max(1))
+        .min(stage_layers);
     let layout = KvLayout::new(
-        &spec,
+        &stage,
         KvSettings {
             dtype: req.kv_cache_dtype,
             tensor_parallel_size: tp,
@@ -456,11 +529,30 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
         weights_total,
         weights_exact,
         tp,
+        pp,
+        stage_layers,
         max_model_len,
         max_num_seqs,
         mbt,
         layout,
     }
+}
+
+/// Weights one GPU holds: the tensor-parallel share, then the largest pipeline stage's layers plus
+/// the larger of the embedding (first stage) and the output projection (last stage).
+fn rank_weights(r: &Resolved) -> u64 {
+    let per_rank = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    if r.pp <= 1 {
+        return per_rank;
+    }
+    let table = r.spec.vocab_size * r.spec.hidden_size * r.spec.dtype.bytes() / r.tp;
+    let tables = if r.spec.tie_word_embeddings {
+        table
+    } else {
+        2 * table
+    };
+    let layers = per_rank.saturating_sub(tables);
+    layers * r.stage_layers / r.spec.num_layers.max(1) + table
 }
 
 /// Predicts vLLM's memory for `spec` under `req`. For a speech model whose `--max-num-seqs` was
@@ -501,10 +593,10 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     }
     let r = resolve(spec, &req, &mut warnings);
     let total = req.gpu_total_bytes;
-    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let weights = rank_weights(&r);
     let upcast = upcast_bytes(&r.spec, r.weights_exact);
     let activation = activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp);
-    let non_torch = non_torch_bytes(r.tp);
+    let non_torch = non_torch_bytes(r.tp * r.pp);
     let graphs = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager);
     let context = CUDA_CONTEXT_BYTES;
     let co_tenants = req.co_tenant_bytes();
@@ -529,9 +621,22 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     if right_sized {
         let n = req.concurrency_bound().unwrap_or(1);
         let k = right_sized_kv_bytes(&r.layout, n, r.max_model_len, r.mbt, req.kv_slack);
-        req.kv_cache_memory = Some(k);
-        // vLLM still refuses to start unless util × total is free: ask for just what it uses.
-        req.gpu_memory_utilization = Some(ceil_2dp((non_kv + k) as f64 / total as f64).min(1.0));
+        if req.vllm_version == VllmVersion::Current {
+            req.kv_cache_memory = Some(k);
+            // vLLM still refuses to start unless util × total is free: ask for just what it uses.
+            req.gpu_memory_utilization =
+                Some(ceil_2dp((non_kv + k) as f64 / total as f64).min(1.0));
+        } else {
+            // No --kv-cache-memory before 0.9.1: the utilization whose budget leaves that pool
+            // (early V1 also charges the co-tenants' memory to this instance).
+            let charged = if req.vllm_version == VllmVersion::EarlyV1 {
+                co_tenants
+            } else {
+                0
+            };
+            req.gpu_memory_utilization =
+                Some(ceil_2dp((non_kv + k + charged) as f64 / total as f64).min(1.0));
+        }
     }
     let (utilization, utilization_source) = match req.gpu_memory_utilization {
         Some(u) if right_sized => (u, "right_sized"),
@@ -543,9 +648,14 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     let requested = (total as f64 * utilization).floor() as u64;
     let free_at_start = total.saturating_sub(co_tenants);
 
+    let charged_others = if req.vllm_version == VllmVersion::EarlyV1 {
+        co_tenants
+    } else {
+        0
+    };
     let kv_cache = match req.kv_cache_memory {
         Some(k) => k,
-        None => requested.saturating_sub(non_kv),
+        None => requested.saturating_sub(non_kv + charged_others),
     };
     let num_blocks = r.layout.num_blocks(kv_cache);
     let kv_tokens = r.layout.tokens(num_blocks);
@@ -567,14 +677,14 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
             weights_bytes: weights + upcast,
             free_bytes: free_at_start,
         })
-    } else if free_at_start < requested {
+    } else if req.vllm_version == VllmVersion::Current && free_at_start < requested {
         Some(Failure::StartupFreeBelowUtilization {
             free_bytes: free_at_start,
             total_bytes: total,
             utilization,
             requested_bytes: requested,
         })
-    } else if req.kv_cache_memory.is_none() && requested <= non_kv {
+    } else if req.kv_cache_memory.is_none() && requested <= non_kv + charged_others {
         Some(Failure::NoKvCacheMemory {
             requested_bytes: requested,
             non_kv_bytes: non_kv,
@@ -663,6 +773,10 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         vllm_args.push("--tensor-parallel-size".to_string());
         vllm_args.push(r.tp.to_string());
     }
+    if r.pp > 1 {
+        vllm_args.push("--pipeline-parallel-size".to_string());
+        vllm_args.push(r.pp.to_string());
+    }
     if req.dtype.is_some() {
         vllm_args.push("--dtype".to_string());
         vllm_args.push(r.spec.dtype.vllm_name().to_string());
@@ -725,6 +839,9 @@ fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         gpu_name: req.gpu_name.clone(),
         gpu_total_bytes: total,
         tensor_parallel_size: r.tp,
+        pipeline_parallel_size: r.pp,
+        layers_per_stage: r.stage_layers,
+        vllm_version: req.vllm_version.label().to_string(),
         weights_bytes: weights,
         weights_origin: if r.weights_exact {
             "exact"
@@ -792,6 +909,9 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
     }
     if req.tensor_parallel_size == 0 {
         return Err(PlanError::TensorParallel);
+    }
+    if req.pipeline_parallel_size == 0 {
+        return Err(PlanError::Zero("pipeline-parallel-size"));
     }
     for (name, v) in [
         ("max-model-len", req.max_model_len),
@@ -1011,10 +1131,11 @@ fn target_plan(
 
 /// KV bytes an instance could use if it took every byte the co-tenants and margin leave.
 fn kv_room(r: &Resolved, req: &PlanRequest) -> (u64, u64) {
-    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let weights = rank_weights(r);
     let non_kv = weights
+        + upcast_bytes(&r.spec, r.weights_exact)
         + activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp)
-        + non_torch_bytes(r.tp);
+        + non_torch_bytes(r.tp * r.pp);
     let outside = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager) + CUDA_CONTEXT_BYTES;
     let fixed = non_kv + outside + req.co_tenant_bytes() + req.safety_margin_bytes;
     (req.gpu_total_bytes.saturating_sub(fixed), fixed)
@@ -1476,6 +1597,75 @@ mod tests {
         assert_eq!(p.kv_heads_per_rank, 2);
         assert_eq!(p.kv_bytes_per_token, 2 * 128 * 2 * 2 * 28);
         assert_eq!(p.kv_bytes_per_token_all_ranks, 4 * 128 * 2 * 2 * 28);
+    }
+
+    #[test]
+    fn pipeline_parallel_splits_layers_weights_and_kv_per_stage() {
+        let mut spec = llama_8b();
+        spec.exact_weights = Some(ExactWeights {
+            bytes: 16_060_522_496,
+            origin: WeightsOrigin::SafetensorsHeaders,
+        });
+        let mut req = PlanRequest::new(24 * GIB);
+        req.pipeline_parallel_size = 2;
+        req.max_model_len = Some(8192);
+        let p = plan(&spec, &req).unwrap();
+        assert_eq!(p.layers_per_stage, 16);
+        // 16 layers × 2 (K, V) × 8 heads × 128 × 2 B on each GPU.
+        assert_eq!(p.kv_bytes_per_token, 16 * 2 * 8 * 128 * 2);
+        // Half the decoder layers plus one 128,256 × 4,096 bf16 table (embedding or lm_head).
+        let table = 128_256 * 4096 * 2;
+        assert_eq!(p.weights_bytes, (16_060_522_496 - 2 * table) / 2 + table);
+        assert!(
+            p.vllm_args
+                .windows(2)
+                .any(|w| w[0] == "--pipeline-parallel-size" && w[1] == "2")
+        );
+    }
+
+    #[test]
+    fn older_vllm_versions_account_memory_their_way() {
+        assert_eq!(VllmVersion::parse("0.6.3"), Some(VllmVersion::V0));
+        assert_eq!(VllmVersion::parse("v0.8.5"), Some(VllmVersion::EarlyV1));
+        assert_eq!(VllmVersion::parse("0.9.0"), Some(VllmVersion::EarlyV1));
+        assert_eq!(VllmVersion::parse("0.9.1"), Some(VllmVersion::Current));
+        assert_eq!(VllmVersion::parse("0.11.0"), Some(VllmVersion::Current));
+        assert_eq!(VllmVersion::parse("x"), None);
+
+        let mut req = PlanRequest::new(24 * GIB);
+        req.gpu_memory_utilization = Some(0.9);
+        req.max_model_len = Some(8192);
+        req.other_used_bytes = 4 * GIB;
+        // Current: 20 GiB free < 0.9 × 24 GiB, the start-up check refuses.
+        let now = plan(&llama_8b(), &req).unwrap();
+        assert!(matches!(
+            now.failure,
+            Some(Failure::StartupFreeBelowUtilization { .. })
+        ));
+        // Early V1: no such check, but the 4 GiB other processes hold come out of the pool.
+        req.vllm_version = VllmVersion::EarlyV1;
+        let early = plan(&llama_8b(), &req).unwrap();
+        assert!(!matches!(
+            early.failure,
+            Some(Failure::StartupFreeBelowUtilization { .. })
+        ));
+        assert_eq!(early.kv_cache_bytes, now.kv_cache_bytes - 4 * GIB);
+        // V0: the profiling pass covers the whole 8,192-token prompt (no chunked prefill).
+        req.vllm_version = VllmVersion::V0;
+        req.other_used_bytes = 0;
+        let v0 = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(v0.max_num_batched_tokens, 8192);
+        req.vllm_version = VllmVersion::Current;
+        let cur = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(cur.max_num_batched_tokens, 2048);
+        assert!(v0.activation_peak_bytes > cur.activation_peak_bytes);
+        // Right-sizing without --kv-cache-memory: a utilization that leaves the bounded pool.
+        req.gpu_memory_utilization = None;
+        req.max_num_seqs = Some(2);
+        req.vllm_version = VllmVersion::V0;
+        let rs = plan(&llama_8b(), &req).unwrap();
+        assert!(!rs.vllm_args.contains(&"--kv-cache-memory".to_string()));
+        assert!(rs.kv_cache_bytes >= 2 * 8192 * 131_072 * 5 / 4);
     }
 
     #[test]
