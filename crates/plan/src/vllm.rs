@@ -474,6 +474,7 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
             scheme: q,
             group_size: spec.quantization.group_size,
             experts_only: spec.quantization.experts_only && q == QuantScheme::Mxfp4,
+            ..Quantization::NONE
         };
         weights_exact = false;
     }
@@ -1462,7 +1463,7 @@ mod tests {
         spec.quantization = Quantization {
             scheme: QuantScheme::Awq,
             group_size: 128,
-            experts_only: false,
+            ..Quantization::NONE
         };
         spec
     }
