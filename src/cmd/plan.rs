@@ -78,6 +78,13 @@ pub struct PlanArgs {
     pub quantization: Option<String>,
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     pub tensor_parallel_size: u64,
+    /// Decoder layers split over this many GPUs (vLLM --pipeline-parallel-size); figures per GPU.
+    #[arg(long, visible_alias = "pp", default_value_t = 1)]
+    pub pipeline_parallel_size: u64,
+    /// The vLLM release to reproduce (0.6.3, 0.8.5, latest): older ones profile and charge
+    /// memory differently.
+    #[arg(long, default_value = "latest")]
+    pub vllm_version: String,
     /// Memory for another tenant: NAME=SIZE, or a catalog profile (whisper-large-v3). Repeatable.
     #[arg(long)]
     pub reserve: Vec<String>,
@@ -116,6 +123,8 @@ pub struct PlanArgs {
     pub kv_slack: String,
     #[command(flatten)]
     pub llamacpp: super::plan_llamacpp::LlamaCppArgs,
+    #[command(flatten)]
+    pub layout: super::plan_layout::LayoutArgs,
 }
 
 /// Token counts: `16384`, `16k`, `128K`.
@@ -421,6 +430,14 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
     req.fill = args.fill;
+    req.pipeline_parallel_size = args.pipeline_parallel_size;
+    req.vllm_version =
+        headroom_plan::VllmVersion::parse(&args.vllm_version).with_context(|| {
+            format!(
+                "invalid --vllm-version '{}': use a release such as 0.6.3 or 0.10.1, or latest",
+                args.vllm_version
+            )
+        })?;
     req.kv_slack = parse_fraction("kv-slack", &args.kv_slack)?;
     req.allow_long_max_model_len = allow_long_max_model_len();
     Ok(req)
@@ -438,6 +455,22 @@ fn parse_fraction(flag: &str, text: &str) -> anyhow::Result<f64> {
         _ => bail!(
             "invalid --{flag} '{text}': expected a fraction such as 0.25 or a percent such as 25%"
         ),
+    }
+}
+
+/// `serve`'s lane limits; a speech model is the audio lane itself.
+fn render_lanes(plan: &Plan) -> String {
+    if plan.lanes.lane == "audio" {
+        format!(
+            "headroom serve audio lane (this model): max_inflight = {} (whole {}-token sequences the KV pool holds)\n",
+            plan.lanes.audio_max_inflight,
+            thousands(plan.max_model_len)
+        )
+    } else {
+        format!(
+            "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}\n",
+            plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
+        )
     }
 }
 
@@ -459,7 +492,12 @@ fn render_sizing(plan: &Plan) -> String {
     let reserved = plan.reservations.iter().map(|r| r.bytes).sum::<u64>();
     let _ = writeln!(
         out,
-        "headroom for audio: {:.2} GiB left beside vLLM ({:.2} GiB reserved, {:.2} GiB spare)",
+        "headroom for {}: {:.2} GiB left beside vLLM ({:.2} GiB reserved, {:.2} GiB spare)",
+        if plan.lanes.lane == "audio" {
+            "other tenants"
+        } else {
+            "audio"
+        },
         gib(plan.headroom_bytes),
         gib(reserved),
         gib(plan.headroom_bytes.saturating_sub(reserved))
@@ -484,13 +522,29 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
+    let layout = super::plan_layout::layout(&plan, &args.layout)?;
     let text = match args.format {
-        Format::Json => format!("{}\n", serde_json::to_string_pretty(&plan)?),
+        Format::Json => format!(
+            "{}\n",
+            serde_json::to_string_pretty(&super::plan_layout::json_with_layout(
+                &plan,
+                layout.as_ref()
+            )?)?
+        ),
         // Nothing runnable for a plan that does not fit: `$(headroom plan … --format shell)`
         // must not start a server that fails.
-        Format::Shell if plan.fits => format!("{}\n", command_line(&plan)),
-        Format::Shell => String::new(),
-        Format::Table => render_table(&plan),
+        Format::Shell if !plan.fits => String::new(),
+        Format::Shell => match &layout {
+            Some(l) => format!("{}\n", l.launch_lines.join("\n")),
+            None => format!("{}\n", command_line(&plan)),
+        },
+        Format::Table => {
+            let mut t = render_table(&plan);
+            if let Some(l) = &layout {
+                t.push_str(&super::plan_layout::render_layout(&plan, l));
+            }
+            t
+        }
     };
     emit(&text).context("writing the plan")?;
     if plan.fits {
@@ -704,11 +758,7 @@ pub fn render_table(plan: &Plan) -> String {
             "nothing to run: this plan does not fit; add one option's flags above and plan again"
         );
     }
-    let _ = writeln!(
-        out,
-        "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}",
-        plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
-    );
+    out.push_str(&render_lanes(plan));
     for w in &plan.warnings {
         let _ = writeln!(out, "note: {w}");
     }
