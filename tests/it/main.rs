@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod doctor;
+mod doctor_cli;
 mod inputs;
 mod plan;
 mod plan_fixes;
