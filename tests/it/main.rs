@@ -9,5 +9,6 @@ mod inputs;
 mod plan;
 mod plan_fixes;
 mod serve;
+mod serve_config;
 mod serve_upstream;
 mod top;
