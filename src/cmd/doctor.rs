@@ -55,10 +55,16 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("reading {}", args.log.display()))?
     };
     let (comparison, plan_note) = compare(&diagnosis, &args)?;
+    let checks = fix_checks(&diagnosis, &args)?;
     let text = match args.format {
-        Format::Json => json(&diagnosis, comparison.as_deref(), plan_note.as_deref())?,
+        Format::Json => json(
+            &diagnosis,
+            comparison.as_deref(),
+            plan_note.as_deref(),
+            &checks,
+        )?,
         Format::Table => {
-            let mut t = table(&diagnosis, &args.log.display().to_string());
+            let mut t = table(&diagnosis, &args.log.display().to_string(), &checks);
             if let Some(rows) = &comparison {
                 t.push_str(&comparison_table(rows));
             }
@@ -70,6 +76,19 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     super::pipe::emit(&text).context("writing the report")?;
     Ok(exit_code(&diagnosis))
+}
+
+/// With `--model`: each finding's vLLM flag change planned again (see [`super::replan`]).
+fn fix_checks(d: &Diagnosis, args: &DoctorArgs) -> anyhow::Result<Vec<Option<String>>> {
+    let Some(model) = &args.model else {
+        return Ok(Vec::new());
+    };
+    let spec = headroom_inspect::resolve::resolve_model(
+        model,
+        &headroom_inspect::resolve::Env::from_process(),
+    )?
+    .spec;
+    Ok(super::replan::checks(d, &spec, model))
 }
 
 /// 0 when nothing was found, 1 when the log shows a problem.
@@ -131,10 +150,14 @@ fn json(
     d: &Diagnosis,
     comparison: Option<&[BreakdownDelta]>,
     plan_note: Option<&str>,
+    checks: &[Option<String>],
 ) -> anyhow::Result<String> {
     let mut value = serde_json::to_value(d)?;
     if let Some(findings) = value["findings"].as_array_mut() {
         for (i, f) in findings.iter_mut().enumerate() {
+            if let Some(Some(check)) = checks.get(i) {
+                f["fix_replanned"] = check.as_str().into();
+            }
             f["role"] = if i == 0 { "cause" } else { "secondary" }.into();
             if let Some(why) = d.secondary_reason(i) {
                 f["secondary_because"] = why.into();
@@ -167,7 +190,7 @@ fn json(
     Ok(s)
 }
 
-fn table(d: &Diagnosis, source: &str) -> String {
+fn table(d: &Diagnosis, source: &str, checks: &[Option<String>]) -> String {
     let mut s = String::new();
     let engine = d
         .engine
@@ -210,6 +233,9 @@ fn table(d: &Diagnosis, source: &str) -> String {
             s.push_str(&format!("   numbers:  {}\n", nums.join("  ")));
         }
         s.push_str(&format!("   fix:      {}\n", f.fix));
+        if let Some(Some(check)) = checks.get(i) {
+            s.push_str(&format!("   checked:  {check}\n"));
+        }
         let lines: Vec<String> = f.evidence_lines.iter().map(u64::to_string).collect();
         s.push_str(&format!("   evidence: line {}\n", lines.join(", ")));
     }

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod doctor;
 pub mod pipe;
 pub mod plan;
+pub mod replan;
 pub mod serve;
 pub mod shell;
 pub mod soak;

@@ -150,3 +150,56 @@ fn the_first_finding_is_the_cause_and_the_rest_say_why_they_are_secondary() {
         "{table}"
     );
 }
+
+#[test]
+fn model_replans_the_flag_change_a_fix_names() {
+    let file = log("vllm-v1-startup-free-below-util.log");
+    let out = doctor(
+        &["--format", "json", "--model", "Qwen/Qwen2.5-7B-Instruct"],
+        &file,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = &v["findings"][0];
+    let checked = first["fix_replanned"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(
+        checked.contains("`--gpu-memory-utilization 0.89`"),
+        "{checked}"
+    );
+    // Whatever the verdict, the utilization it names must fit when `headroom plan` is run with the
+    // log's figures (total, memory held by others) and that utilization.
+    let util = if checked.contains("does not fit") {
+        checked
+            .split("what fits instead: `--gpu-memory-utilization ")
+            .nth(1)
+            .and_then(|r| r.split('`').next())
+            .unwrap_or_else(|| panic!("{checked}"))
+            .to_string()
+    } else {
+        "0.89".to_string()
+    };
+    let n = &first["numbers"];
+    let plan = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args([
+            "plan",
+            "--model",
+            "Qwen/Qwen2.5-7B-Instruct",
+            "--format",
+            "shell",
+        ])
+        .arg("--gpu")
+        .arg(format!("{}GiB", n["total_gib"]))
+        .arg("--other-used")
+        .arg(format!("{}GiB", n["held_by_others_gib"]))
+        .args(["--safety-margin", "0B", "--gpu-memory-utilization", &util])
+        .output()
+        .unwrap();
+    assert_eq!(
+        plan.status.code(),
+        Some(0),
+        "{util}: {}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+}
