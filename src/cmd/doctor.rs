@@ -1,9 +1,11 @@
 //! `headroom doctor FILE|-`: reads an engine log (file or stdin), prints the findings most likely
 //! first with their numbers, computed fix and evidence lines, and for a vLLM start-up the memory
 //! breakdown it found. `--format json` prints `{"findings":[{cause,numbers,fix,evidence_lines}],…}`.
+//! Exit status: 0 nothing found, 1 a problem found (the first finding is the cause), 2 bad input
+//! (a file that cannot be read, a model that cannot be resolved).
 
 use std::fs::File;
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufReader};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -75,35 +77,122 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file))
             .with_context(|| format!("reading {}", log_path.display()))?
     };
-    let comparison = match (&args.compare_plan, &args.model) {
-        (Some(path), _) => Some(plan_comparison(&diagnosis, &read_plan(path)?)?),
-        (None, Some(model)) => {
-            let plan = plan_for_log(&diagnosis, model, &args)?;
-            Some(plan_comparison(&diagnosis, &plan)?)
-        }
-        (None, None) => None,
-    };
+    let (comparison, plan_note) = compare(&diagnosis, &args)?;
+    let checks = fix_checks(&diagnosis, &args)?;
     let text = match args.format {
-        Format::Json => json(&diagnosis, comparison.as_deref())?,
+        Format::Json => json(
+            &diagnosis,
+            comparison.as_deref(),
+            plan_note.as_deref(),
+            &checks,
+        )?,
         Format::Table => {
-            let mut t = table(&diagnosis, &log_path.display().to_string());
+            let mut t = table(&diagnosis, &log_path.display().to_string(), &checks);
             if let Some(rows) = &comparison {
                 t.push_str(&comparison_table(rows));
+            }
+            if let Some(note) = &plan_note {
+                t.push_str(&format!("\nnote: {note}\n"));
             }
             t
         }
     };
-    let mut out = io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .context("writing the report")?;
-    Ok(ExitCode::SUCCESS)
+    super::pipe::emit(&text).context("writing the report")?;
+    Ok(exit_code(&diagnosis))
 }
 
-fn json(d: &Diagnosis, comparison: Option<&[BreakdownDelta]>) -> anyhow::Result<String> {
+/// With `--model`: each finding's vLLM flag change planned again (see [`super::replan`]).
+fn fix_checks(d: &Diagnosis, args: &DoctorArgs) -> anyhow::Result<Vec<Option<String>>> {
+    let Some(model) = &args.model else {
+        return Ok(Vec::new());
+    };
+    let spec = headroom_inspect::resolve::resolve_model(
+        model,
+        &headroom_inspect::resolve::Env::from_process(),
+    )?
+    .spec;
+    Ok(super::replan::checks(d, &spec, model))
+}
+
+/// 0 when nothing was found, 1 when the log shows a problem.
+fn exit_code(d: &Diagnosis) -> ExitCode {
+    if d.findings.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// The comparison with a plan, when asked for and the log has figures; otherwise a note saying
+/// why there is none. The findings are never dropped for it.
+fn compare(
+    d: &Diagnosis,
+    args: &DoctorArgs,
+) -> anyhow::Result<(Option<Vec<BreakdownDelta>>, Option<String>)> {
+    let plan = match (&args.compare_plan, &args.model) {
+        (Some(path), _) => read_plan(path)?,
+        (None, Some(model)) => {
+            super::check_model_path(model)?;
+            match plan_for_log(d, model, args)? {
+                Ok(plan) => plan,
+                Err(why) => return Ok((None, Some(why))),
+            }
+        }
+        (None, None) => return Ok((None, None)),
+    };
+    match plan_comparison(d, &plan) {
+        Ok(rows) => Ok((Some(rows), options_note(&plan))),
+        Err(why) => Ok((None, Some(why))),
+    }
+}
+
+/// With `--model`: the plan's verified options (each re-planned with its flags), one line.
+fn options_note(plan: &serde_json::Value) -> Option<String> {
+    let options = plan["options"].as_array().filter(|o| !o.is_empty())?;
+    let lines: Vec<String> = options
+        .iter()
+        .map(|o| {
+            let args: Vec<&str> = o["vllm_args"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+                .unwrap_or_default();
+            format!(
+                "{} [{}]",
+                o["option"].as_str().unwrap_or("?"),
+                args.join(" ")
+            )
+        })
+        .collect();
+    Some(format!(
+        "flag changes planned again with the log's settings, each fits: {}",
+        lines.join("; ")
+    ))
+}
+
+fn json(
+    d: &Diagnosis,
+    comparison: Option<&[BreakdownDelta]>,
+    plan_note: Option<&str>,
+    checks: &[Option<String>],
+) -> anyhow::Result<String> {
     let mut value = serde_json::to_value(d)?;
+    if let Some(findings) = value["findings"].as_array_mut() {
+        for (i, f) in findings.iter_mut().enumerate() {
+            if let Some(Some(check)) = checks.get(i) {
+                f["fix_replanned"] = check.as_str().into();
+            }
+            f["role"] = if i == 0 { "cause" } else { "secondary" }.into();
+            if let Some(why) = d.secondary_reason(i) {
+                f["secondary_because"] = why.into();
+            }
+        }
+    }
     if let Some(obj) = value.as_object_mut() {
         if let Some(rows) = comparison {
             obj.insert("plan_comparison".into(), serde_json::to_value(rows)?);
+        }
+        if let Some(note) = plan_note {
+            obj.insert("plan_comparison_note".into(), note.into());
         }
         obj.insert(
             "verdict".into(),
@@ -124,7 +213,7 @@ fn json(d: &Diagnosis, comparison: Option<&[BreakdownDelta]>) -> anyhow::Result<
     Ok(s)
 }
 
-fn table(d: &Diagnosis, source: &str) -> String {
+fn table(d: &Diagnosis, source: &str, checks: &[Option<String>]) -> String {
     let mut s = String::new();
     let engine = d
         .engine
@@ -155,6 +244,9 @@ fn table(d: &Diagnosis, source: &str) -> String {
     }
     for (i, f) in d.findings.iter().enumerate() {
         s.push_str(&format!("\n{}. {}\n", i + 1, f.cause.as_str()));
+        if let Some(why) = d.secondary_reason(i) {
+            s.push_str(&format!("   {why}\n"));
+        }
         if !f.numbers.is_empty() {
             let nums: Vec<String> = f
                 .numbers
@@ -164,6 +256,9 @@ fn table(d: &Diagnosis, source: &str) -> String {
             s.push_str(&format!("   numbers:  {}\n", nums.join("  ")));
         }
         s.push_str(&format!("   fix:      {}\n", f.fix));
+        if let Some(Some(check)) = checks.get(i) {
+            s.push_str(&format!("   checked:  {check}\n"));
+        }
         let lines: Vec<String> = f.evidence_lines.iter().map(u64::to_string).collect();
         s.push_str(&format!("   evidence: line {}\n", lines.join(", ")));
     }
@@ -261,19 +356,23 @@ fn read_plan(path: &std::path::Path) -> anyhow::Result<serde_json::Value> {
     Ok(plan)
 }
 
-/// Runs `headroom plan` for `model` with the settings the log shows.
+/// Runs `headroom plan` for `model` with the settings the log shows. The outer error is bad
+/// input (a model that cannot be resolved); the inner one says why this log has nothing to
+/// compare.
 fn plan_for_log(
     d: &Diagnosis,
     model: &str,
     args: &DoctorArgs,
-) -> anyhow::Result<serde_json::Value> {
+) -> anyhow::Result<Result<serde_json::Value, String>> {
     let Some(startup) = &d.startup else {
-        anyhow::bail!("the log has no vLLM memory figures to compare with a plan");
+        return Ok(Err(format!(
+            "the log has no vLLM memory figures, so there is nothing to compare with a plan of {model}; the findings above stand"
+        )));
     };
     let b = &startup.breakdown;
-    let total = b.total_gib.context(
-        "the log does not give the GPU's total memory; run `headroom plan` yourself and pass --compare-plan",
-    )?;
+    let Some(total) = b.total_gib else {
+        return Ok(Err("the log does not give the GPU's total memory; run `headroom plan` yourself and pass --compare-plan".into()));
+    };
     let spec = headroom_inspect::resolve::resolve_model(
         model,
         &headroom_inspect::resolve::Env::from_process(),
@@ -291,12 +390,15 @@ fn plan_for_log(
         req.block_size = bs;
     }
     let plan = headroom_plan::plan(&spec, &req)?;
-    Ok(serde_json::to_value(plan)?)
+    Ok(Ok(serde_json::to_value(plan)?))
 }
 
-fn plan_comparison(d: &Diagnosis, plan: &serde_json::Value) -> anyhow::Result<Vec<BreakdownDelta>> {
+fn plan_comparison(d: &Diagnosis, plan: &serde_json::Value) -> Result<Vec<BreakdownDelta>, String> {
     let Some(startup) = &d.startup else {
-        anyhow::bail!("the log has no vLLM memory figures to compare with the plan");
+        return Err(
+            "the log has no vLLM memory figures to compare with the plan; the findings above stand"
+                .into(),
+        );
     };
     let predicted = breakdown_from_plan(plan);
     let mut rows = compare_breakdowns(&startup.breakdown, &predicted);
@@ -313,7 +415,7 @@ fn plan_comparison(d: &Diagnosis, plan: &serde_json::Value) -> anyhow::Result<Ve
         });
     }
     if rows.is_empty() {
-        anyhow::bail!("the plan and the log share no figure to compare");
+        return Err("the plan and the log share no figure to compare".into());
     }
     Ok(rows)
 }

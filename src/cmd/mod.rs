@@ -7,6 +7,7 @@ pub mod pipe;
 pub mod plan;
 pub mod plan_layout;
 pub mod plan_llamacpp;
+pub mod replan;
 pub mod serve;
 pub mod shell;
 pub mod soak;

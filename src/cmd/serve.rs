@@ -50,6 +50,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let mut config =
         ServeConfig::from_toml(&text).with_context(|| format!("config {}", path.display()))?;
+    for note in &config.notes {
+        eprintln!("headroom: note: config {}: {note}", path.display());
+    }
     // Tokenizer paths in the file are relative to the file.
     let base = path.parent().unwrap_or(std::path::Path::new("."));
     for lane in &mut config.lanes {

@@ -21,8 +21,9 @@ fn doctor_json(path: &Path) -> Value {
         .arg(path)
         .output()
         .expect("run headroom");
+    // 0: nothing found, 1: a problem found; never 2 for a log that was read.
     assert!(
-        out.status.success(),
+        matches!(out.status.code(), Some(0 | 1)),
         "{}: exit {:?}, stderr {}",
         path.display(),
         out.status,
@@ -160,7 +161,7 @@ fn reads_standard_input() {
         child.stdin.take().unwrap().write_all(&log).unwrap();
     }
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
+    assert_eq!(out.status.code(), Some(1), "a problem found");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         v["findings"][0]["cause"],
@@ -320,8 +321,11 @@ fn a_bad_plan_or_a_log_without_figures_is_bad_input() {
         .arg(&no_figures)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no vLLM memory figures"));
+    // A log without figures keeps its findings; the comparison is left out with a note.
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("no vLLM memory figures"), "{text}");
+    assert!(text.contains("1. not_out_of_memory"), "{text}");
 }
 
 #[test]

@@ -200,6 +200,9 @@ pub struct Facts {
     pub ggml_alloc: Option<Seen<GgmlAlloc>>,
     pub ggml_pipeline_parallel: Option<u64>,
     pub ggml_devices: u64,
+    /// `n_ubatch = N` and `n_ctx = N` from the context set-up lines, when the log has them.
+    pub ggml_ubatch: Option<u64>,
+    pub ggml_ctx: Option<u64>,
 
     // Ollama
     pub ollama_too_little: Option<Seen<OllamaTooLittle>>,

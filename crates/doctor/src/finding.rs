@@ -202,6 +202,30 @@ impl Diagnosis {
     }
 }
 
+impl Diagnosis {
+    /// Why finding `i` (0-based, not the first) is secondary to the first, which is the cause.
+    pub fn secondary_reason(&self, i: usize) -> Option<String> {
+        let first = self.findings.first()?;
+        let f = self.findings.get(i).filter(|_| i > 0)?;
+        let shared = f
+            .evidence_lines
+            .iter()
+            .any(|l| first.evidence_lines.contains(l));
+        Some(if shared {
+            format!(
+                "secondary: a less likely reading of the same lines as 1 ({}); fix 1 first",
+                first.cause.as_str()
+            )
+        } else {
+            format!(
+                "secondary: seen on other lines; it did not stop the engine, 1 ({}) did — check it once 1 is fixed",
+                first.cause.as_str()
+            )
+        })
+    }
+}
+
+#[cfg(test)]
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,16 +14,79 @@ use crate::memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    #[error("config is not valid TOML: {0}")]
+    /// The file is not TOML, or a key is unknown or of the wrong type; the message names the
+    /// line, the key and what to write instead.
+    #[error("{0}")]
     Toml(String),
-    #[error("`{key}`: {message}")]
-    Key { key: String, message: String },
+    #[error("{}`{key}`: {message}", line.map(|n| format!("line {n}: ")).unwrap_or_default())]
+    Key {
+        key: String,
+        message: String,
+        /// 1-based line of the file where the key is written, when it is.
+        line: Option<usize>,
+    },
 }
 
 fn key_err(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Key {
         key: key.into(),
         message: message.into(),
+        line: None,
+    }
+}
+
+/// The line where `key` (`listen`, `lanes[1] (audio).upstreams`) is written in `text`: within the
+/// right `[[lanes]]` table for lane keys.
+fn key_line(text: &str, key: &str) -> Option<usize> {
+    let (lane, leaf) = match key.strip_prefix("lanes[") {
+        Some(rest) => {
+            let (index, after) = rest.split_once(']')?;
+            (
+                Some(index.parse::<usize>().ok()?),
+                after.rsplit('.').next()?,
+            )
+        }
+        None => (None, key),
+    };
+    let mut table: Option<usize> = None;
+    let mut lanes_seen = 0;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            table = if t.starts_with("[[lanes]]") {
+                lanes_seen += 1;
+                Some(lanes_seen - 1)
+            } else {
+                Some(usize::MAX)
+            };
+            continue;
+        }
+        let written = t
+            .split_once('=')
+            .is_some_and(|(k, _)| k.trim().trim_matches('"') == leaf);
+        let right_table = match lane {
+            Some(n) => table == Some(n),
+            None => table.is_none(),
+        };
+        if written && right_table {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// Adds the line to a key error.
+fn with_line(text: &str, e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::Key {
+            key,
+            message,
+            line: None,
+        } => {
+            let line = key_line(text, &key);
+            ConfigError::Key { key, message, line }
+        }
+        other => other,
     }
 }
 
@@ -117,6 +180,9 @@ pub struct ServeConfig {
     /// The `[memory]` table (defaults: NVML device 0, no capacity cap, no margin).
     pub memory: MemoryConfig,
     pub lanes: Vec<LaneConfig>,
+    /// What was read differently from how it was written (an upstream's `/v1` dropped), to be
+    /// shown to the user once.
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -200,20 +266,161 @@ pub fn parse_bytes(value: &toml::Value) -> Option<u64> {
 }
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// `listen`: an IP address and a port; `localhost:PORT` means 127.0.0.1:PORT.
+fn parse_listen(text: &str) -> Result<SocketAddr, ConfigError> {
+    let t = text.trim();
+    let local = t
+        .strip_prefix("localhost:")
+        .map(|port| format!("127.0.0.1:{port}"));
+    if let Ok(addr) = local.as_deref().unwrap_or(t).parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let instead = match t.rsplit_once(':') {
+        Some(("", port)) => format!(
+            "write \"127.0.0.1:{port}\" (this machine only) or \"0.0.0.0:{port}\" (every interface, API keys required)"
+        ),
+        Some((_, port)) if port.parse::<u16>().is_ok() => format!(
+            "a host name other than localhost is not an address; write its IP address, e.g. \"127.0.0.1:{port}\" or \"0.0.0.0:{port}\""
+        ),
+        _ => "write an IP address and a port, e.g. \"127.0.0.1:8080\" (localhost:8080 is accepted)"
+            .to_string(),
+    };
+    Err(key_err(
+        "listen",
+        format!("`{t}` is not HOST:PORT: {instead}"),
+    ))
+}
+
+/// An upstream as `http://HOST:PORT`. A trailing `/v1` (the OpenAI base URL people copy) is
+/// dropped with a note, since the gateway forwards the request's own `/v1/...` path.
+fn upstream_url(u: &str) -> Result<(String, Option<String>), String> {
+    let t = u.trim().trim_end_matches('/');
+    if let Some(rest) = t.strip_prefix("https://") {
+        return Err(format!(
+            "`{u}`: https upstreams are not supported; the gateway talks plain HTTP to engines on this machine or a private network (TLS belongs in front of the gateway). Write http://{} if the engine also listens on plain HTTP",
+            rest.split('/').next().unwrap_or(rest)
+        ));
+    }
+    let Some(rest) = t.strip_prefix("http://") else {
+        let host = t.split("://").last().unwrap_or(t);
+        return Err(format!(
+            "`{u}` has no http:// scheme: write \"http://{}\"",
+            host.split('/').next().unwrap_or(host)
+        ));
+    };
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if host.is_empty() {
+        return Err(format!(
+            "`{u}` names no host: write http://HOST:PORT, e.g. \"http://127.0.0.1:8000\""
+        ));
+    }
+    match path {
+        "" => Ok((format!("http://{host}"), None)),
+        "v1" => Ok((
+            format!("http://{host}"),
+            Some(format!(
+                "`{u}`: the trailing /v1 was dropped (the gateway forwards each request's own /v1/... path); write \"http://{host}\" to silence this"
+            )),
+        )),
+        _ => Err(format!(
+            "`{u}` has a path (/{path}): write the engine's address only, \"http://{host}\""
+        )),
+    }
+}
+
+/// One readable error for a TOML or schema failure: the line, the key, and what to write
+/// instead (the nearest known key for a typo, a quoted duration for `queue_timeout = 5`).
+fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
+    let message = e.message().trim().to_string();
+    let line_no = e
+        .span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+    let line_text = line_no
+        .and_then(|n| text.lines().nth(n - 1))
+        .map(str::trim)
+        .unwrap_or("");
+    let at = line_no.map(|n| format!("line {n}: ")).unwrap_or_default();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let key = rest.split('`').next().unwrap_or("");
+        let known: Vec<&str> = message
+            .split_once("expected")
+            .map(|(_, list)| list.split('`').skip(1).step_by(2).collect())
+            .unwrap_or_default();
+        let hint = match nearest(key, &known) {
+            Some(near) => format!("did you mean `{near}`?"),
+            None => "see `headroom serve --print-example-config` for every key".to_string(),
+        };
+        return ConfigError::Toml(format!("{at}unknown key `{key}`: {hint}"));
+    }
+    let key = line_text
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"'))
+        .filter(|k| !k.is_empty() && !k.contains(' '));
+    let hint = match key {
+        Some(k) if DURATION_KEYS.contains(&k) => format!(
+            "; a duration is a quoted string: {k} = \"{}s\"",
+            line_text
+                .split_once('=')
+                .map(|(_, v)| v.trim().trim_matches('"'))
+                .unwrap_or("5")
+        ),
+        _ => String::new(),
+    };
+    let first = message.lines().next().unwrap_or("not valid TOML");
+    match key {
+        Some(k) => ConfigError::Toml(format!("{at}`{k}`: {first}{hint}")),
+        None => ConfigError::Toml(format!("{at}config is not valid TOML: {first}")),
+    }
+}
+
+/// Keys whose values are duration strings.
+const DURATION_KEYS: [&str; 7] = [
+    "shutdown_grace",
+    "scrape_interval",
+    "queue_timeout",
+    "request_timeout",
+    "max_yield",
+    "yield_linger",
+    "engine_metrics_stale_after",
+];
+
+/// The known key closest to `key` by edit distance, when it is close enough to be a typo.
+fn nearest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|(d, k)| *d <= 1 + k.len().max(key.len()) / 3)
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
 const DEFAULT_MAX_BODY: u64 = 25 * 1024 * 1024;
 
 impl ServeConfig {
-    /// Parses and validates a configuration file's text.
+    /// Parses and validates a configuration file's text; errors name the key and its line.
     pub fn from_toml(text: &str) -> Result<ServeConfig, ConfigError> {
-        let raw: RawConfig = toml::from_str(text)
-            .map_err(|e| ConfigError::Toml(e.to_string().lines().collect::<Vec<_>>().join(" ")))?;
+        Self::from_toml_unlocated(text).map_err(|e| with_line(text, e))
+    }
+
+    fn from_toml_unlocated(text: &str) -> Result<ServeConfig, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
-        let listen: SocketAddr = listen_text.parse().map_err(|_| {
-            key_err(
-                "listen",
-                format!("`{listen_text}` is not HOST:PORT (an IP address and a port)"),
-            )
-        })?;
+        let listen = parse_listen(listen_text)?;
         let mut api_keys: Vec<String> =
             raw.api_keys.into_iter().filter(|k| !k.is_empty()).collect();
         if let Some(var) = raw.api_keys_env {
@@ -275,8 +482,9 @@ impl ServeConfig {
         }
         let memory = raw.memory.unwrap_or_default().validate("memory")?;
         let mut lanes = Vec::with_capacity(raw.lanes.len());
+        let mut notes = Vec::new();
         for (i, lane) in raw.lanes.into_iter().enumerate() {
-            lanes.push(lane_config(i, lane, &memory)?);
+            lanes.push(lane_config(i, lane, &memory, &mut notes)?);
         }
         let config = ServeConfig {
             listen,
@@ -287,6 +495,7 @@ impl ServeConfig {
             scrape_interval,
             memory,
             lanes,
+            notes,
         };
         // Let the gate check what it owns (names, yield_to targets).
         headroom_gate::Gate::new(config.lane_specs(), max_inflight_total, None)
@@ -332,6 +541,7 @@ fn lane_config(
     index: usize,
     raw: RawLane,
     memory: &MemoryConfig,
+    notes: &mut Vec<String>,
 ) -> Result<LaneConfig, ConfigError> {
     let name = raw.name.trim().to_string();
     let k = |key: &str| format!("lanes[{index}] ({name}).{key}");
@@ -360,17 +570,11 @@ fn lane_config(
     }
     let mut upstreams = Vec::new();
     for u in &raw.upstreams {
-        let trimmed = u.trim_end_matches('/');
-        let ok = trimmed
-            .strip_prefix("http://")
-            .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'));
-        if !ok {
-            return Err(key_err(
-                k("upstreams"),
-                format!("`{u}` must look like http://HOST:PORT (plain HTTP, no path)"),
-            ));
+        let (url, note) = upstream_url(u).map_err(|why| key_err(k("upstreams"), why))?;
+        if let Some(note) = note {
+            notes.push(format!("{}: {note}", k("upstreams")));
         }
-        upstreams.push(trimmed.to_string());
+        upstreams.push(url);
     }
     let count =
         |key: &str, v: Option<i64>, default: usize, min: i64| -> Result<usize, ConfigError> {
@@ -820,7 +1024,7 @@ policy = "queue"
         let cases = [
             ("listen = \"nope\"", "`listen`"),
             ("listen = \"0.0.0.0:8080\"", "`api_keys`"),
-            ("bogus = 1", "unknown field"),
+            ("bogus = 1", "unknown key `bogus`"),
             (
                 "[[lanes]]\nname=\"t\"\npaths=[\"/v1/x\"]\nupstreams=[\"http://a:1\"]",
                 "paths",

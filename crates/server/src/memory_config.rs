@@ -120,6 +120,7 @@ fn key_err(key: String, message: impl Into<String>) -> ConfigError {
     ConfigError::Key {
         key,
         message: message.into(),
+        line: None,
     }
 }
 

@@ -109,6 +109,8 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("ggml_gallocr_reserve_n", LLAMA),
     ("failed to allocate graph", LLAMA),
     ("kv_cache_init", LLAMA),
+    ("n_ubatch", LLAMA),
+    ("n_ctx ", LLAMA),
     ("KV buffer", LLAMA),
     // Ollama
     ("gpu has too little memory", OLLAMA),

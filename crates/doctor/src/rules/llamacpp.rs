@@ -55,6 +55,14 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         );
         return true;
     }
+    if let Some(n) = setting(line, "n_ubatch") {
+        facts.ggml_ubatch = Some(n);
+        return true;
+    }
+    if let Some(n) = setting(line, "n_ctx") {
+        facts.ggml_ctx = Some(n);
+        return true;
+    }
     if line.contains("pipeline parallelism enabled") {
         facts.ggml_pipeline_parallel = int_after(line, "n_copies=").or(Some(1));
         return true;
@@ -118,6 +126,38 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     false
 }
 
+/// llama.cpp's default `--ubatch-size`.
+const DEFAULT_UBATCH: u64 = 512;
+
+/// `llama_context: n_ubatch      = 512` → 512 (the key, spaces, `=`, a whole number).
+fn setting(line: &str, key: &str) -> Option<u64> {
+    let at = line.find(&format!("{key} "))? + key.len();
+    let rest = line[at..].trim_start().strip_prefix('=')?.trim();
+    rest.parse().ok()
+}
+
+/// `-ub N` at half the micro-batch the log shows (or half the default, said so).
+fn half_ubatch(facts: &Facts) -> String {
+    match facts.ggml_ubatch {
+        Some(ub) => format!(
+            "`-ub {}` (--ubatch-size, half the log's n_ubatch {ub})",
+            (ub / 2).max(1)
+        ),
+        None => format!(
+            "`-ub {}` (--ubatch-size, half llama.cpp's default {DEFAULT_UBATCH}; the log does not show n_ubatch)",
+            DEFAULT_UBATCH / 2
+        ),
+    }
+}
+
+/// `-c N` at half the context the log shows, or the flag alone when it does not show one.
+fn half_context(facts: &Facts) -> String {
+    match facts.ggml_ctx {
+        Some(c) => format!("`-c {}` (half the log's n_ctx {c})", (c / 2).max(1)),
+        None => "a smaller `-c/--ctx-size` (the log does not show n_ctx)".to_string(),
+    }
+}
+
 pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
     let Some(seen) = &facts.ggml_alloc else {
         return;
@@ -141,15 +181,17 @@ pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
             size(gib)
         ))),
         Some(GgmlBuffer::Compute) => out.push(base(Cause::ActivationPeak, 0.85).fix(format!(
-            "the compute buffer for device {} needs {}: it grows with the micro-batch and context; halving `-ub/--ubatch-size` roughly halves it, \
+            "the compute buffer for device {} needs {}: it grows with the micro-batch and context; {} roughly halves it, \
              a smaller `-c` shrinks it, or offload fewer layers (`-ngl`); {missing}",
             a.device,
-            size(gib)
+            size(gib),
+            half_ubatch(facts)
         ))),
         Some(GgmlBuffer::Kv) => out.push(base(Cause::KvCacheTooSmall, 0.85).fix(format!(
-            "the KV buffer ({}) for the context does not fit device {}: lower `-c/--ctx-size` in proportion, or quantize the cache (`-ctk q8_0 -ctv q8_0` halves it); {missing}",
+            "the KV buffer ({}) for the context does not fit device {}: {} halves it, or quantize the cache (`-ctk q8_0 -ctv q8_0` halves it); {missing}",
             size(gib),
-            a.device
+            a.device,
+            half_context(facts)
         ))),
         _ => out.push(base(Cause::ActivationPeak, 0.5).fix(format!(
             "a {} buffer on device {} did not fit and the log does not say which kind; {missing}",
@@ -163,7 +205,7 @@ pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
             "device {} ran out of its own memory ({} requested) while others may have room; {}move layers off it with `--tensor-split` (give it a smaller share) or exclude it",
             a.device,
             size(gib),
-            if copies > 1 { format!("pipeline parallelism keeps {copies} copies of the compute buffer per device (`-ub` smaller or `--split-mode row` reduces it); ") } else { String::new() }
+            if copies > 1 { format!("pipeline parallelism keeps {copies} copies of the compute buffer per device ({} or `--split-mode row` reduces it); ", half_ubatch(facts)) } else { String::new() }
         )));
     }
 }

@@ -204,7 +204,7 @@ pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
                 .join(", ");
             out.push(base(Cause::MultiGpuWorkerLimit, 0.75).fix(format!(
                     "{gpus} received no layers: each GPU must hold the graph ({} GiB), the projector and at least two layers before Ollama uses it; \
-                     lower `num_ctx`/`num_batch` (smaller graph) or enable flash attention / KV quantization to get under that minimum",
+                     lower `num_ctx`/`num_batch` (smaller graph), or set `OLLAMA_FLASH_ATTENTION=1` with `OLLAMA_KV_CACHE_TYPE=q8_0` (half the KV cache; q4_0 a quarter) in the server's environment to get under that minimum",
                     o.graph_full.map(gib).unwrap_or_else(|| "?".into())
                 )));
         }

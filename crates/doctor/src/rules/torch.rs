@@ -324,7 +324,7 @@ fn torch_findings(
     if total > 0.0 && oom.request > total {
         out.push(base(Cause::ActivationPeak, 0.95, oom, &acc, lines).fix(format!(
             "one allocation of {} GiB is {:.1}× the whole {} GiB GPU: no memory setting fits it; shrink the step that makes it (input size, {}), \
-             or use an attention kernel that does not materialise the full score matrix (flash-attention)",
+             or use an attention kernel that does not materialise the full score matrix (flash-attention: `VLLM_ATTENTION_BACKEND=FLASH_ATTN` for vLLM, `attn_implementation=\"sdpa\"` in transformers' `from_pretrained`)",
             gib(oom.request),
             oom.request / total,
             gib(total),
