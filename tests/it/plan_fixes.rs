@@ -175,6 +175,12 @@ fn every_printed_option_fits_when_its_flags_are_applied() {
             );
             let line = headroom(&plan_args(&applied, "shell"));
             let line = String::from_utf8_lossy(&line.stdout).into_owned();
+            // Multi-GPU lines name their devices first (`CUDA_VISIBLE_DEVICES=0,1 vllm serve …`).
+            let line = line
+                .split_whitespace()
+                .skip_while(|w| w.contains('=') && !w.starts_with('-'))
+                .collect::<Vec<_>>()
+                .join(" ");
             assert!(line.starts_with("vllm serve "), "case {case}: {line}");
             let changed: Vec<&str> = o["vllm_args"]
                 .as_array()
