@@ -358,7 +358,11 @@ mod tests {
         assert_eq!((r.total_bytes, r.free_bytes), (500, 100));
         assert_eq!(r.owners[0], (urls[0].clone(), 300));
         d.processes.clear();
-        assert!(reading(&d, &nvml, &urls, &roots, Instant::now()).owners.is_empty());
+        assert!(
+            reading(&d, &nvml, &urls, &roots, Instant::now())
+                .owners
+                .is_empty()
+        );
     }
 
     #[test]
