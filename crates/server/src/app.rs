@@ -26,7 +26,8 @@ use crate::proxy::{
     upstream_request_headers,
 };
 use crate::telemetry::{
-    BAD_REQUESTS_TOTAL, FALLBACKS_TOTAL, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL, Telemetry,
+    BAD_REQUESTS_TOTAL, EARLY_RETRIES_TOTAL, FALLBACKS_TOTAL, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL,
+    Telemetry,
 };
 
 /// Largest upstream error body read to rewrite it into OpenAI's shape.
@@ -45,6 +46,7 @@ pub struct AppState {
     pub client: reqwest::Client,
     pub telemetry: Arc<Telemetry>,
     fallback_ids: AtomicU64,
+    retries: crate::retry_watch::RetryWatch,
 }
 
 impl AppState {
@@ -60,6 +62,7 @@ impl AppState {
             client,
             telemetry,
             fallback_ids: AtomicU64::new(1),
+            retries: Default::default(),
         }
     }
 }
@@ -563,6 +566,14 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
             deadline = arrival + asked;
         }
     }
+    let client = crate::retry_watch::client_of(&parts.headers);
+    if let Some(c) = client
+        && s.retries.arrives_early(lane_name, c, Instant::now())
+    {
+        s.telemetry
+            .counter(EARLY_RETRIES_TOTAL, &[("lane", lane_name)])
+            .increment(1);
+    }
     let admitted = s
         .gate
         .admit(
@@ -590,6 +601,10 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
                 return Ok(fallback_response(&s, lane_name, json, seen.stream));
             }
             s.telemetry.outcome(lane_name, outcome_of(&rejection));
+            if let Some(c) = client {
+                s.retries
+                    .refused(lane_name, c, rejection.retry_after, Instant::now());
+            }
             return Err(ApiError::from_rejection(&rejection));
         }
     };

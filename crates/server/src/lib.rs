@@ -10,6 +10,7 @@ pub mod error;
 pub mod inspect;
 pub mod multipart;
 pub mod proxy;
+pub mod retry_watch;
 pub mod scrape;
 pub mod telemetry;
 pub mod tokens;
