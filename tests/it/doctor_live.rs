@@ -137,7 +137,7 @@ async fn doctor_metrics_names_a_gateway_that_rejects_text_while_audio_idles() {
     let driver = tokio::spawn(load(
         base.clone(),
         4,
-        150,
+        400,
         stop.clone(),
         sent.clone(),
         refused.clone(),
