@@ -77,6 +77,7 @@ async fn load(
     stop: Arc<std::sync::atomic::AtomicBool>,
     sent: Arc<AtomicU64>,
     refused: Arc<AtomicU64>,
+    client: Option<&'static str>,
 ) {
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
@@ -87,8 +88,11 @@ async fn load(
         for _ in 0..burst {
             let (c, base, body) = (c.clone(), base.clone(), body.clone());
             tasks.push(tokio::spawn(async move {
-                c.post(format!("{base}/v1/chat/completions"))
-                    .header("content-type", "application/json")
+                let mut rb = c.post(format!("{base}/v1/chat/completions"));
+                if let Some(id) = client {
+                    rb = rb.header("x-headroom-client", id);
+                }
+                rb.header("content-type", "application/json")
                     .header("x-test-delay-ms", delay_ms.to_string())
                     .body(body)
                     .send()
@@ -133,10 +137,11 @@ async fn doctor_metrics_names_a_gateway_that_rejects_text_while_audio_idles() {
     let driver = tokio::spawn(load(
         base.clone(),
         4,
-        150,
+        400,
         stop.clone(),
         sent.clone(),
         refused.clone(),
+        None,
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let report = doctor(&format!("{base}/metrics"), "2s").await;
@@ -196,6 +201,7 @@ async fn doctor_metrics_says_nothing_is_wrong_with_a_quiet_gateway() {
         stop.clone(),
         sent.clone(),
         refused.clone(),
+        None,
     ));
     let report = doctor(&format!("{base}/metrics"), "2s").await;
     stop.store(true, Ordering::Relaxed);
@@ -249,4 +255,48 @@ fn doctor_metrics_refuses_bad_addresses_with_one_line_and_exit_2() {
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn doctor_metrics_names_clients_that_come_back_before_retry_after() {
+    let _serial = crate::serve::SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, addr) = serve(
+        &config(
+            &up.url(),
+            "max_inflight = 1\nmax_queue = 0\nqueue_timeout = \"5s\"\nrequest_timeout = \"30s\"\npolicy = \"reject\"",
+        ),
+        &dir,
+    );
+    let base = format!("http://{addr}");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (sent, refused) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    // One identified client that retries at once, whatever Retry-After said (at least 1 s).
+    let driver = tokio::spawn(load(
+        base.clone(),
+        3,
+        100,
+        stop.clone(),
+        sent.clone(),
+        refused.clone(),
+        Some("impatient-client"),
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let report = doctor(&format!("{base}/metrics"), "2s").await;
+    stop.store(true, Ordering::Relaxed);
+    driver.await.unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let all = findings(&report);
+    let f = all
+        .iter()
+        .find(|f| f["cause"] == "retry_after_ignored")
+        .unwrap_or_else(|| panic!("no Retry-After finding: {report:#}"));
+    eprintln!("retry finding: {f:#}");
+    assert_eq!(f["lane"], "text");
+    let early = f["numbers"]["early_retries"].as_f64().unwrap();
+    let refused_in_window = f["numbers"]["refused"].as_f64().unwrap();
+    assert!(early >= 1.0 && refused_in_window >= 1.0, "{f:#}");
+    assert!(f["fix"].as_str().unwrap().contains("Retry-After"));
 }

@@ -42,6 +42,8 @@ pub struct AppState {
     /// Set by `headroom up`: the box's backends, for `/admin/box` and 503s while one restarts.
     pub box_provider: std::sync::OnceLock<Arc<dyn crate::admin_box::BoxProvider>>,
     fallback_ids: AtomicU64,
+    /// Clients refused with a Retry-After, to notice the ones that come back before it.
+    pub(crate) retries: crate::retry_watch::RetryWatch,
 }
 
 impl AppState {
@@ -59,6 +61,7 @@ impl AppState {
             ui: Arc::new(crate::ui::UiState::default()),
             box_provider: std::sync::OnceLock::new(),
             fallback_ids: AtomicU64::new(1),
+            retries: Default::default(),
         }
     }
 }

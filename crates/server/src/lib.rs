@@ -14,6 +14,7 @@ pub mod memory_feed;
 pub mod multipart;
 pub mod proxy;
 mod request;
+pub mod retry_watch;
 pub mod scrape;
 pub mod telemetry;
 pub mod tokens;

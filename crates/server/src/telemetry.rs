@@ -17,6 +17,9 @@ pub const TTFT_SECONDS: &str = "headroom_ttft_seconds";
 pub const REQUEST_DURATION_SECONDS: &str = "headroom_request_duration_seconds";
 pub const REJECTIONS_TOTAL: &str = "headroom_rejections_total";
 pub const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
+/// Requests from a client refused on the lane less than its Retry-After earlier (see
+/// `retry_watch`).
+pub const EARLY_RETRIES_TOTAL: &str = "headroom_early_retries_total";
 /// Requests refused for their input (4xx other than 429), by error code.
 pub const BAD_REQUESTS_TOTAL: &str = "headroom_bad_requests_total";
 pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";

@@ -126,8 +126,8 @@ pub fn llamacpp(w: &Window, d: &mut LiveDiagnosis) {
             .num("slots_busy", Some(slots))
             .num("busy_slots_per_decode", busy)
             .fix(format!(
-                "llama.cpp deferred {def:.0} requests while {slots:.0} were processing: every slot was busy, so the extra streams wait inside the server where nothing bounds \
-                 or reports the wait; either give it more slots (`--parallel {:.0}`, with `--ctx-size` scaled by the same factor since the context is split across slots), \
+                "llama.cpp deferred {def:.0} requests while {slots:.0} were processing: every slot was busy, so the extra streams wait inside the server, unbounded \
+                 and with no Retry-After; either give it more slots (`--parallel {:.0}`, with `--ctx-size` scaled by the same factor since the context is split across slots), \
                  or cap the gateway lane in front at `max_inflight = {slots:.0}` with `policy = \"queue\"` so the wait is bounded and answered with Retry-After",
                 slots + def
             )),

@@ -388,22 +388,24 @@ fn early_retries(w: &Window, d: &mut LiveDiagnosis, l: &Lane) {
         return;
     }
     let early = w.delta(EARLY_RETRIES, &[("lane", &l.name)]);
-    if l.refused == 0.0 || early == 0.0 {
+    if l.refused == 0.0 || early == 0.0 || l.total == 0.0 {
         return;
     }
-    let share = early / l.refused;
+    let share = (early / l.total).min(1.0);
     if share < w.t.early_retry_share {
         return;
     }
     d.findings.push(
         LiveFinding::new(LiveCause::RetryAfterIgnored, Some(&l.name))
             .num("early_retries", Some(early))
+            .num("requests", Some(l.total))
             .num("refused", Some(l.refused))
             .num("early_retry_share", Some(share))
             .fix(format!(
-                "{early:.0} requests to lane `{}` came from a client refused less than its Retry-After earlier ({} of {:.0} refusals): those clients retry on their own \
-                 schedule, so refusing them only multiplies load; use a client that honours Retry-After/retry-after-ms (the official OpenAI client does, up to 120 s), \
+                "{early:.0} of the {:.0} requests to lane `{}` ({}) came from a client refused less than its Retry-After earlier: those clients retry on their own \
+                 schedule, so each refusal only adds load ({:.0} refused); use a client that honours Retry-After/retry-after-ms (the official OpenAI client does, up to 120 s), \
                  or `policy = \"queue\"` so they wait inside the gateway",
+                l.total,
                 l.name,
                 pct(share),
                 l.refused

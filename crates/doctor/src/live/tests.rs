@@ -196,3 +196,91 @@ proptest! {
         }
     }
 }
+
+fn queueing_gateway(
+    ok: u64,
+    timeouts: u64,
+    wait_over_4s: u64,
+    audio: u64,
+    audio_slow: u64,
+) -> Snapshot {
+    snap(&format!(
+        "{SETTINGS}headroom_lane_yields_to{{lane=\"text\",to=\"audio\"}} 1\n\
+headroom_lane_preempt{{lane=\"text\"}} 0\n\
+# TYPE headroom_requests_total counter\n\
+headroom_requests_total{{lane=\"text\",outcome=\"ok\"}} {ok}\n\
+headroom_requests_total{{lane=\"text\",outcome=\"queue_timeout\"}} {timeouts}\n\
+headroom_requests_total{{lane=\"text\",outcome=\"fallback\"}} {timeouts}\n\
+headroom_requests_total{{lane=\"text\",outcome=\"preempted\"}} {timeouts}\n\
+headroom_requests_total{{lane=\"audio\",outcome=\"ok\"}} {audio}\n\
+headroom_fallbacks_total{{lane=\"text\"}} {timeouts}\n\
+# TYPE headroom_queue_wait_seconds histogram\n\
+headroom_queue_wait_seconds_bucket{{lane=\"text\",le=\"1\"}} 0\n\
+headroom_queue_wait_seconds_bucket{{lane=\"text\",le=\"5\"}} {ok}\n\
+headroom_queue_wait_seconds_bucket{{lane=\"text\",le=\"+Inf\"}} {ok}\n\
+headroom_queue_wait_seconds_sum{{lane=\"text\"}} {}\n\
+headroom_queue_wait_seconds_count{{lane=\"text\"}} {ok}\n\
+headroom_queue_wait_seconds_bucket{{lane=\"audio\",le=\"0.1\"}} {}\n\
+headroom_queue_wait_seconds_bucket{{lane=\"audio\",le=\"2\"}} {audio}\n\
+headroom_queue_wait_seconds_bucket{{lane=\"audio\",le=\"+Inf\"}} {audio}\n\
+headroom_queue_wait_seconds_sum{{lane=\"audio\"}} 1\n\
+headroom_queue_wait_seconds_count{{lane=\"audio\"}} {audio}\n\
+# TYPE headroom_request_duration_seconds histogram\n\
+headroom_request_duration_seconds_bucket{{lane=\"text\",le=\"+Inf\"}} {ok}\n\
+headroom_request_duration_seconds_sum{{lane=\"text\"}} {}\n\
+headroom_request_duration_seconds_count{{lane=\"text\"}} {ok}\n",
+        wait_over_4s as f64 * 4.5,
+        audio - audio_slow,
+        ok as f64 * 2.0,
+    ))
+}
+
+#[test]
+fn queue_waits_near_the_timeout_fallbacks_preemptions_and_audio_waiting_are_named() {
+    let before = queueing_gateway(0, 0, 0, 0, 0);
+    // 10 s: 10 text served after ~4.5 s waits (timeout 5 s), 10 timed out in the queue, were
+    // answered by the fallback and preempted; 10 audio jobs, 6 of which waited up to 2 s.
+    let after = queueing_gateway(10, 10, 10, 10, 6);
+    let d = diagnose_live(
+        &before,
+        &after,
+        Duration::from_secs(10),
+        &Thresholds::default(),
+    );
+    let causes: Vec<LiveCause> = d.findings.iter().map(|f| f.cause).collect();
+    for want in [
+        LiveCause::QueueWaitNearTimeout,
+        LiveCause::FallbackShareHigh,
+        LiveCause::PreemptionsPerAudioJob,
+        LiveCause::AudioWaitsBehindText,
+    ] {
+        assert!(
+            causes.contains(&want),
+            "{want:?} missing: {:#?}",
+            d.findings
+        );
+    }
+    let q = d
+        .findings
+        .iter()
+        .find(|f| f.cause == LiveCause::QueueWaitNearTimeout)
+        .unwrap();
+    assert_eq!(q.numbers["queue_timeouts"], 10.0);
+    assert!(q.numbers["queue_wait_p90_seconds"] >= 4.0, "{q:?}");
+    // max_inflight 2 at 2 s each serves 1 req/s: 1 × 5 s × 0.8 = 4 drain within the timeout.
+    assert!(q.fix.contains("`max_queue = 4`"), "{}", q.fix);
+    let p = d
+        .findings
+        .iter()
+        .find(|f| f.cause == LiveCause::PreemptionsPerAudioJob)
+        .unwrap();
+    assert_eq!(p.numbers["preempted_per_audio_job"], 1.0);
+    let a = d
+        .findings
+        .iter()
+        .find(|f| f.cause == LiveCause::AudioWaitsBehindText)
+        .unwrap();
+    // The text lane yields but does not preempt: the fix is preemption, not yield_to.
+    assert!(a.fix.contains("`preempt = true`"), "{}", a.fix);
+    assert!(a.numbers["audio_queue_wait_p90_seconds"] > 0.25);
+}

@@ -90,8 +90,10 @@ fn is_engine(name: &str) -> bool {
 
 pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
     let smi = &facts.smi;
-    let others: Vec<&(u64, u64, String, f64)> =
+    let mut others: Vec<&(u64, u64, String, f64)> =
         smi.processes.iter().filter(|p| !is_engine(&p.2)).collect();
+    // Largest holders first.
+    others.sort_by(|a, b| b.3.total_cmp(&a.3));
     let held: f64 = others.iter().map(|p| p.3).sum();
     if others.is_empty() || held < MIN_HELD_GIB {
         return;

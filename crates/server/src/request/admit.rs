@@ -13,7 +13,7 @@ use super::{Deadline, Facts, Lane, Route};
 use crate::app::{AppState, TIMEOUT_HEADER, fallback_response};
 use crate::config::FallbackKind;
 use crate::error::ApiError;
-use crate::telemetry::{QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL};
+use crate::telemetry::{EARLY_RETRIES_TOTAL, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL};
 
 /// The deadline of a request that arrived at `arrival`.
 pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, headers: &HeaderMap) -> Deadline {
@@ -57,6 +57,18 @@ pub(super) async fn admit(
 }
 
 /// Counts a refusal and answers it: with the fallback where the lane and policy allow, else an error.
+/// Counts a client that is back before the Retry-After it was given (`headroom doctor --metrics`
+/// reads the count). Clients are told apart by their key or `x-headroom-client` header.
+pub(super) fn note_early_retry(s: &AppState, lane: Lane<'_>, client: Option<u64>) {
+    if let Some(c) = client
+        && s.retries.arrives_early(lane.name(), c, Instant::now())
+    {
+        s.telemetry
+            .counter(EARLY_RETRIES_TOTAL, &[("lane", lane.name())])
+            .increment(1);
+    }
+}
+
 pub(super) fn refused(
     s: &AppState,
     lane: Lane<'_>,

@@ -107,9 +107,17 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
         s.telemetry.outcome(lane.name(), "backend_unavailable");
         return Err(e);
     }
+    let client = crate::retry_watch::client_of(&parts.headers);
+    admit::note_early_retry(&s, lane, client);
     let permit = match admit::admit(&s, lane, &facts, deadline).await {
         Ok(permit) => permit,
-        Err(rejection) => return admit::refused(&s, lane, route, &facts, &rejection),
+        Err(rejection) => {
+            if let Some(c) = client {
+                s.retries
+                    .refused(lane.name(), c, rejection.retry_after, Instant::now());
+            }
+            return admit::refused(&s, lane, route, &facts, &rejection);
+        }
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
