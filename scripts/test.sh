@@ -31,6 +31,9 @@ cargo test --workspace --locked "$@"
 
 if [ $e2e = 1 ]; then
   trap 'scripts/backends.sh stop' EXIT
+  # The tests find the servers where backends.sh put them (HEADROOM_*_PORT move them).
+  # shellcheck disable=SC2046
+  export $(scripts/backends.sh env)
   scripts/backends.sh start
   skip=()
   if [ $vllm = 1 ]; then
