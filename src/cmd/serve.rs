@@ -67,7 +67,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         config.listen = listen;
     }
+    // A host pool is built by the gateway itself from `[memory]`; NVML is opened here.
+    let host_pool = config.memory.probe == headroom_server::ProbeKind::Host;
     let probe = match gpu_probe() {
+        _ if host_pool => None,
         Ok(p) => Some(p),
         Err(reason) => {
             for lane in &config.lanes {

@@ -3,6 +3,7 @@
 
 mod bench;
 mod doctor;
+mod memory;
 mod plan;
 mod serve;
 mod serve_upstream;

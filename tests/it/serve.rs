@@ -1741,7 +1741,7 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
         "listen = \"127.0.0.1:0\"\nscrape_interval = \"50ms\"\n{}",
         audio_lane(
             &up,
-            "max_inflight = 4\ngpu_memory_per_job = \"1GiB\"\ngpu_memory_per_audio_second = \"100MiB\"\ngpu_memory_margin = \"512MiB\""
+            "max_inflight = 4\nmax_audio_seconds = 60.0\ngpu_memory_per_job = \"1GiB\"\ngpu_memory_per_audio_second = \"100MiB\"\ngpu_memory_margin = \"512MiB\""
         )
     );
     let gpu = std::sync::Arc::new(TestGpu(std::sync::atomic::AtomicU64::new(2 << 30)));
@@ -1764,7 +1764,33 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(json_of(r).await["error"]["code"], "gpu_memory");
     gpu.0.store(4 << 30, std::sync::atomic::Ordering::Relaxed);
+    // Readings reach the gate from the memory feed's next tick, not from the request.
+    let until = Instant::now() + Duration::from_secs(5);
+    while g.gate.snapshot().memory[0].free_bytes != Some(4 << 30) {
+        assert!(Instant::now() < until, "the new reading never arrived");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(send(6.0).await.unwrap().status(), 200);
+    // An M4A's length cannot be read: it counts as the longest allowed clip (60 s), so
+    // 1 GiB + 60 s x 100 MiB + 512 MiB does not fit 4 GiB (counted as zero seconds it would).
+    let (ct, body) = multipart_body(Some(b"\0\0\0\x20ftypM4A \0\0\0\0\0\0"), "whisper-1");
+    let r = c
+        .post(format!("{b}/v1/audio/transcriptions"))
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let e = json_of(r).await;
+    assert_eq!(e["error"]["code"], "gpu_memory", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("need_bytes={}", (1u64 << 30) + 6000 * (1 << 20))),
+        "{e}"
+    );
     // The sampler publishes memory in use.
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(

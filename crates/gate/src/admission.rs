@@ -1,18 +1,23 @@
 //! Admission: the one lock that holds every lane's in-flight count and queue, the decision whether a
 //! request may start, FIFO queues with timeouts and cancellation, and [`Permit`]s that give their
-//! slot back exactly once when dropped.
+//! slot back exactly once when dropped. Memory admission asks the [`Ledger`] (readings pushed in
+//! by [`Gate::push_memory_reading`], never a probe call).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use headroom_gpu::GpuProbe;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
+use crate::ledger::{
+    LearnedNeed, Ledger, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind,
+};
 use crate::pressure::EngineLoad;
+
+mod memory;
 
 /// How often queued requests re-check time- and pressure-based conditions (yield expiry, GPU
 /// memory, engine load) that no release event announces.
@@ -31,6 +36,9 @@ pub struct AdmitRequest {
     pub audio_seconds: Option<f64>,
     /// Latest instant the request may still be waiting in the queue (client deadline).
     pub wait_until: Option<Instant>,
+    /// The request carries audio whose length could not be read (it counts as the lane's
+    /// longest allowed clip).
+    pub audio_unknown: bool,
 }
 
 /// The gateway core: lanes, their queues and the shared device cap.
@@ -46,7 +54,6 @@ struct Inner {
     /// Lane indexes sorted by priority, highest first (stable on declaration order).
     by_priority: Vec<usize>,
     max_inflight_total: Option<usize>,
-    probe: Option<Arc<dyn GpuProbe>>,
     next_id: AtomicU64,
     state: Mutex<State>,
     /// Per lane: fired when a lane it yields to admits work, for lanes with `preempt`.
@@ -58,9 +65,24 @@ struct State {
     lanes: Vec<LaneState>,
     total_inflight: usize,
     engine: HashMap<String, EngineLoad>,
-    /// Waiters admitted by a dispatch that have not yet picked up their permit: id -> upstream.
-    granted: HashMap<u64, usize>,
+    /// Waiters admitted by a dispatch that have not yet picked up their permit.
+    granted: HashMap<u64, Slot>,
+    /// Waiters refused by a dispatch (memory could not be read): id -> the refusal.
+    refused: HashMap<u64, Rejection>,
     draining: bool,
+    ledger: Option<Ledger>,
+    /// Per lane: measured job peaks and the learned need.
+    learners: Vec<crate::ledger::Learner>,
+    /// The figures of the last memory check that failed (for the refusal built from it).
+    shortfall: Option<MemoryShortfall>,
+}
+
+/// What an admitted request holds: its upstream and, on memory-admitted lanes, its reservation
+/// (device, id).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    upstream: usize,
+    reservation: Option<(u32, u64)>,
 }
 
 #[derive(Default)]
@@ -92,6 +114,7 @@ pub struct Permit {
     inner: Arc<Inner>,
     lane: usize,
     upstream: usize,
+    reservation: Option<(u32, u64)>,
     admitted_at: Instant,
     queue_wait: Duration,
 }
@@ -147,8 +170,12 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let service = self.admitted_at.elapsed();
         let mut st = self.inner.lock();
+        let slot = Slot {
+            upstream: self.upstream,
+            reservation: self.reservation,
+        };
         self.inner
-            .release_locked(&mut st, self.lane, self.upstream, Some(service));
+            .release_locked(&mut st, self.lane, slot, Some(service));
         self.inner.dispatch_locked(&mut st);
     }
 }
@@ -168,9 +195,9 @@ impl Drop for WaitGuard<'_> {
             return;
         }
         let mut st = self.inner.lock();
-        if let Some(upstream) = st.granted.remove(&self.id) {
-            self.inner
-                .release_locked(&mut st, self.lane, upstream, None);
+        st.refused.remove(&self.id);
+        if let Some(slot) = st.granted.remove(&self.id) {
+            self.inner.release_locked(&mut st, self.lane, slot, None);
         } else {
             let lane = &mut st.lanes[self.lane];
             if let Some(pos) = lane.queue.iter().position(|w| w.id == self.id) {
@@ -215,6 +242,41 @@ pub struct LaneSnapshot {
     pub service_rate_per_second: Option<f64>,
     pub yielding: bool,
     pub upstreams: Vec<UpstreamSnapshot>,
+    /// Memory admission figures, for lanes that admit on memory.
+    pub memory: Option<LaneMemorySnapshot>,
+}
+
+/// A lane's memory need: configured, learned, and the one in force.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LaneMemorySnapshot {
+    pub device: u32,
+    pub configured_bytes_per_job: u64,
+    pub configured_bytes_per_audio_second: u64,
+    pub learn: bool,
+    /// Learned figures (from this run, or loaded from the calibration file), when any.
+    pub learned: Option<LearnedNeed>,
+    /// Jobs of this lane measured since start.
+    pub measured_jobs: u64,
+    /// Bytes per job admission uses now (learned when `learn` and learned figures exist).
+    pub bytes_per_job: u64,
+    pub bytes_per_audio_second: u64,
+    pub margin_bytes: u64,
+}
+
+/// One memory pool's ledger at one instant.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PoolSnapshot {
+    pub device: u32,
+    pub kind: PoolKind,
+    /// From the last usable reading; `None` when there is none (failed or stale probe).
+    pub total_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub reading_age_seconds: Option<f64>,
+    /// Outstanding reservations and their bytes.
+    pub reservations: usize,
+    pub reserved_bytes: u64,
+    /// Reserved bytes the reading does not show yet.
+    pub hidden_bytes: u64,
 }
 
 /// The whole gate at one instant.
@@ -224,14 +286,17 @@ pub struct GateSnapshot {
     pub total_inflight: usize,
     pub max_inflight_total: Option<usize>,
     pub draining: bool,
+    /// Memory pools the lanes admit on.
+    pub memory: Vec<PoolSnapshot>,
 }
 
 impl Gate {
-    /// Builds a gate; lane names must be unique and `yield_to` must name other lanes.
+    /// Builds a gate; lane names must be unique and `yield_to` must name other lanes. `memory`
+    /// sets how lanes with a [`crate::GpuNeed`] read the ledger (defaults: a GPU pool).
     pub fn new(
         specs: Vec<LaneSpec>,
         max_inflight_total: Option<usize>,
-        probe: Option<Arc<dyn GpuProbe>>,
+        memory: Option<LedgerSettings>,
     ) -> Result<Gate, GateError> {
         if specs.is_empty() {
             return Err(GateError::Config("at least one lane is required".into()));
@@ -289,17 +354,22 @@ impl Gate {
             })
             .collect();
         let specs_len = specs.len();
+        let ledger = specs
+            .iter()
+            .any(|s| s.gpu.is_some())
+            .then(|| Ledger::new(memory.unwrap_or_default()));
         Ok(Gate {
             inner: Arc::new(Inner {
                 specs,
                 yield_targets,
                 by_priority,
                 max_inflight_total,
-                probe,
                 next_id: AtomicU64::new(1),
                 preempt: (0..specs_len).map(|_| Arc::new(Notify::new())).collect(),
                 state: Mutex::new(State {
                     lanes,
+                    ledger,
+                    learners: (0..specs_len).map(|_| Default::default()).collect(),
                     ..State::default()
                 }),
             }),
@@ -319,6 +389,35 @@ impl Gate {
         let mut st = self.inner.lock();
         st.engine.insert(upstream.to_string(), load);
         self.inner.dispatch_locked(&mut st);
+    }
+
+    /// Takes one memory reading from the sampler task (the gate never reads a probe itself).
+    pub fn push_memory_reading(&self, reading: MemoryReading) {
+        let mut st = self.inner.lock();
+        if let Some(ledger) = st.ledger.as_mut() {
+            ledger.push_reading(reading);
+        }
+        self.inner.dispatch_locked(&mut st);
+    }
+
+    /// The probe failed for `device`: there is no reading until the next good one, and lanes
+    /// follow their `fail_open`.
+    pub fn memory_unreadable(&self, device: u32) {
+        let mut st = self.inner.lock();
+        if let Some(ledger) = st.ledger.as_mut() {
+            ledger.clear_reading(device);
+        }
+        self.inner.dispatch_locked(&mut st);
+    }
+
+    /// Installs learned figures (read back from the calibration file) for `lane`.
+    pub fn set_learned(&self, lane: usize, learned: LearnedNeed) {
+        self.inner.lock().learners[lane] = crate::ledger::Learner::with_loaded(learned);
+    }
+
+    /// The learned need of `lane`, if any.
+    pub fn learned(&self, lane: usize) -> Option<LearnedNeed> {
+        self.inner.lock().learners[lane].learned()
     }
 
     /// Stops admitting new work; queued and in-flight work continues.
@@ -361,13 +460,15 @@ impl Gate {
             };
             match verdict {
                 Ok(upstream) => {
-                    inner.take_slot(&mut st, lane, upstream, now);
-                    return Ok(inner.permit(lane, upstream, Duration::ZERO));
+                    let slot = inner.take_slot(&mut st, lane, upstream, now, id, &request);
+                    return Ok(inner.permit(lane, slot, Duration::ZERO));
                 }
                 Err(reason) => {
                     let queue_full = st.lanes[lane].queue.len() >= spec.max_queue;
                     let reason = match spec.policy {
                         Policy::Reject => Some(reason),
+                        // Without a memory reading, waiting would only wait for the probe.
+                        _ if memory_unreadable(&st, reason) => Some(reason),
                         Policy::Queue | Policy::Fallback if queue_full => {
                             Some(if reason == RejectReason::ShuttingDown {
                                 reason
@@ -412,9 +513,14 @@ impl Gate {
                 _ = tokio::time::sleep_until(deadline) => true,
             };
             let mut st = inner.lock();
-            if let Some(upstream) = st.granted.remove(&id) {
+            if let Some(slot) = st.granted.remove(&id) {
                 guard.armed = false;
-                return Ok(inner.permit(lane, upstream, enqueued_at.elapsed()));
+                return Ok(inner.permit(lane, slot, enqueued_at.elapsed()));
+            }
+            if let Some(rejection) = st.refused.remove(&id) {
+                guard.armed = false;
+                st.lanes[lane].rejected += 1;
+                return Err(rejection);
             }
             if timed_out || Instant::now() >= deadline {
                 guard.armed = false;
@@ -467,6 +573,23 @@ impl Gate {
                         .filter(|m| *m > 0.0)
                         .map(|m| spec.max_inflight as f64 / m),
                     yielding: self.inner.higher_busy(&st, i, Instant::now()),
+                    memory: spec.gpu.as_ref().map(|need| {
+                        let learner = &st.learners[i];
+                        let learned = learner.learned();
+                        let in_force = learned.filter(|_| need.learn);
+                        LaneMemorySnapshot {
+                            device: need.device,
+                            configured_bytes_per_job: need.bytes_per_job,
+                            configured_bytes_per_audio_second: need.bytes_per_audio_second,
+                            learn: need.learn,
+                            learned,
+                            measured_jobs: learner.seen(),
+                            bytes_per_job: in_force.map_or(need.bytes_per_job, |l| l.bytes_per_job),
+                            bytes_per_audio_second: in_force
+                                .map_or(need.bytes_per_audio_second, |l| l.bytes_per_audio_second),
+                            margin_bytes: need.margin_bytes,
+                        }
+                    }),
                     upstreams: spec
                         .upstreams
                         .iter()
@@ -493,6 +616,7 @@ impl Gate {
             total_inflight: st.total_inflight,
             max_inflight_total: self.inner.max_inflight_total,
             draining: st.draining,
+            memory: self.inner.pool_snapshots(&st, now),
         }
     }
 }
@@ -504,17 +628,27 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn permit(self: &Arc<Self>, lane: usize, upstream: usize, queue_wait: Duration) -> Permit {
+    fn permit(self: &Arc<Self>, lane: usize, slot: Slot, queue_wait: Duration) -> Permit {
         Permit {
             inner: self.clone(),
             lane,
-            upstream,
+            upstream: slot.upstream,
+            reservation: slot.reservation,
             admitted_at: Instant::now(),
             queue_wait,
         }
     }
 
-    fn take_slot(&self, st: &mut State, lane: usize, upstream: usize, now: Instant) {
+    fn take_slot(
+        &self,
+        st: &mut State,
+        lane: usize,
+        upstream: usize,
+        now: Instant,
+        id: u64,
+        request: &AdmitRequest,
+    ) -> Slot {
+        let reservation = self.reserve_memory(st, lane, upstream, now, id, request);
         let busy = self.higher_busy(st, lane, now);
         let ls = &mut st.lanes[lane];
         ls.inflight += 1;
@@ -528,15 +662,17 @@ impl Inner {
                 self.preempt[other].notify_waiters();
             }
         }
+        Slot {
+            upstream,
+            reservation,
+        }
     }
 
-    fn release_locked(
-        &self,
-        st: &mut State,
-        lane: usize,
-        upstream: usize,
-        service: Option<Duration>,
-    ) {
+    fn release_locked(&self, st: &mut State, lane: usize, slot: Slot, service: Option<Duration>) {
+        let upstream = slot.upstream;
+        if let Some((device, id)) = slot.reservation {
+            self.release_memory(st, device, id);
+        }
         let ls = &mut st.lanes[lane];
         debug_assert!(ls.inflight > 0, "permit released twice");
         ls.inflight = ls.inflight.saturating_sub(1);
@@ -607,20 +743,7 @@ impl Inner {
         } else {
             st.lanes[lane].yield_since = None;
         }
-        if let Some(need) = &spec.gpu {
-            let required = need.required_bytes(request.audio_seconds);
-            let enough = match self.probe.as_ref().map(|p| p.snapshot()) {
-                Some(Ok(devices)) => devices
-                    .iter()
-                    .find(|d| d.index == need.device)
-                    .map(|d| d.free_bytes >= required)
-                    .unwrap_or(need.fail_open),
-                Some(Err(_)) | None => need.fail_open,
-            };
-            if !enough {
-                return Err(RejectReason::GpuMemory);
-            }
-        }
+        self.check_memory(st, lane, now, request)?;
         let ls = &st.lanes[lane];
         let candidates = (0..spec.upstreams.len()).filter(|&u| match &spec.engine {
             None => true,
@@ -653,8 +776,19 @@ impl Inner {
                             .queue
                             .pop_front()
                             .expect("queue head checked above");
-                        self.take_slot(st, lane, upstream, now);
-                        st.granted.insert(head.id, upstream);
+                        let slot = self.take_slot(st, lane, upstream, now, head.id, &request);
+                        st.granted.insert(head.id, slot);
+                        head.notify.notify_one();
+                    }
+                    // No memory reading and the lane is not fail-open: refuse now rather than
+                    // wait for the probe.
+                    Err(reason) if memory_unreadable(st, reason) => {
+                        let head = st.lanes[lane]
+                            .queue
+                            .pop_front()
+                            .expect("queue head checked above");
+                        let rejection = self.rejection(st, lane, reason, now);
+                        st.refused.insert(head.id, rejection);
                         head.notify.notify_one();
                     }
                     Err(_) => break,
@@ -683,19 +817,36 @@ impl Inner {
                 .saturating_sub(now.saturating_duration_since(since));
             retry_after = retry_after.min(left.max(Duration::from_millis(1)));
         }
+        let memory = if matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory) {
+            if let Some(wait) = self.memory_retry_after(st, now) {
+                retry_after = wait;
+            }
+            st.shortfall.clone()
+        } else {
+            None
+        };
         Rejection {
             lane: spec.name.clone(),
             reason,
             retry_after,
             fallback: spec.policy == Policy::Fallback,
+            memory,
         }
     }
+}
+
+/// Whether `reason` is a memory refusal made because there was no usable reading.
+fn memory_unreadable(st: &State, reason: RejectReason) -> bool {
+    matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory)
+        && st
+            .shortfall
+            .as_ref()
+            .is_some_and(|s| s.free_bytes.is_none())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_gpu::{DeviceSnapshot, ProbeError};
 
     fn lane(name: &str, max_inflight: usize, max_queue: usize, policy: Policy) -> LaneSpec {
         LaneSpec {
@@ -919,66 +1070,166 @@ mod tests {
         assert_eq!(g.snapshot().total_inflight, 0);
     }
 
-    struct FixedProbe(u64, bool);
-    impl GpuProbe for FixedProbe {
-        fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError> {
-            if self.1 {
-                return Err(ProbeError::NoDriver("test".into()));
-            }
-            Ok(vec![DeviceSnapshot {
-                index: 0,
-                name: "test".into(),
-                uuid: "GPU-test".into(),
-                total_bytes: 10_000,
-                used_bytes: 10_000 - self.0,
-                free_bytes: self.0,
-                reserved_bytes: 0,
-                utilization_percent: None,
-                mig_enabled: None,
-                processes: vec![],
-            }])
+    fn memory_lane(policy: Policy, fail_open: bool) -> LaneSpec {
+        LaneSpec {
+            gpu: Some(crate::GpuNeed {
+                device: 0,
+                bytes_per_job: 1000,
+                bytes_per_audio_second: 100,
+                margin_bytes: 500,
+                fail_open,
+                learn: false,
+                longest_clip_seconds: Some(30.0),
+            }),
+            ..lane("audio", 8, 8, policy)
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn gpu_memory_gates_admission_per_audio_second() {
-        let need = crate::GpuNeed {
+    fn free(g: &Gate, free_bytes: u64, owner_use: u64) {
+        g.push_memory_reading(MemoryReading {
             device: 0,
-            bytes_per_job: 1000,
-            bytes_per_audio_second: 100,
-            margin_bytes: 500,
-            fail_open: false,
-        };
-        let spec = LaneSpec {
-            gpu: Some(need.clone()),
-            ..lane("audio", 4, 0, Policy::Reject)
-        };
-        let probe: Arc<dyn GpuProbe> = Arc::new(FixedProbe(3000, false));
-        let g = Gate::new(vec![spec.clone()], None, Some(probe)).unwrap();
+            total_bytes: 100_000,
+            free_bytes,
+            owners: vec![("http://up-a".into(), owner_use), ("http://up-b".into(), 0)],
+            at: Instant::now(),
+        });
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_admission_counts_reservations_not_yet_in_the_reading() {
+        let g = Gate::new(vec![memory_lane(Policy::Reject, false)], None, None).unwrap();
+        free(&g, 5000, 0);
         let short = AdmitRequest {
             audio_seconds: Some(10.0),
             ..Default::default()
         };
-        let long = AdmitRequest {
-            audio_seconds: Some(20.0),
+        // 5000 free: the first job needs 2000 + 500 margin; after its reservation 3000 are
+        // left, so a second fits and a third does not, though the reading has not moved.
+        let a = g.admit(0, short.clone()).await.unwrap();
+        let b = g.admit(0, short.clone()).await.unwrap();
+        let r = g.admit(0, short.clone()).await.unwrap_err();
+        assert_eq!(r.reason.code(), "gpu_memory");
+        let m = r.memory.clone().unwrap();
+        assert_eq!(
+            (m.free_bytes, m.reserved_bytes, m.need_bytes, m.margin_bytes),
+            (Some(5000), 4000, 2000, 500)
+        );
+        // Mean service unknown: the earliest reservation ends one default service time after
+        // its admission.
+        assert_eq!(r.retry_after, DEFAULT_SERVICE_TIME);
+        let s = g.snapshot();
+        assert_eq!(
+            (s.memory[0].reservations, s.memory[0].reserved_bytes),
+            (2, 4000)
+        );
+        drop((a, b));
+        let s = g.snapshot();
+        assert_eq!(
+            (s.memory[0].reservations, s.memory[0].reserved_bytes),
+            (0, 0)
+        );
+        // Unknown-length audio counts as the longest clip (1000 + 30 s x 100 + 500 > 4000).
+        free(&g, 4000, 0);
+        let unknown = AdmitRequest {
+            audio_unknown: true,
             ..Default::default()
         };
-        assert!(g.admit(0, short).await.is_ok());
-        let r = g.admit(0, long.clone()).await.unwrap_err();
-        assert_eq!(r.reason.code(), "gpu_memory");
-        // A probe that fails counts as full unless the lane says fail-open.
-        let failing: Arc<dyn GpuProbe> = Arc::new(FixedProbe(0, true));
-        let g = Gate::new(vec![spec.clone()], None, Some(failing.clone())).unwrap();
-        assert!(g.admit(0, AdmitRequest::default()).await.is_err());
-        let open = LaneSpec {
-            gpu: Some(crate::GpuNeed {
-                fail_open: true,
-                ..need
-            }),
-            ..spec
-        };
-        let g = Gate::new(vec![open], None, Some(failing)).unwrap();
+        assert_eq!(
+            g.admit(0, unknown).await.unwrap_err().reason,
+            RejectReason::GpuMemory
+        );
         assert!(g.admit(0, AdmitRequest::default()).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn host_pool_refusals_say_host_memory() {
+        let settings = LedgerSettings {
+            kind: PoolKind::Host,
+            ..LedgerSettings::default()
+        };
+        let g = Gate::new(
+            vec![memory_lane(Policy::Reject, false)],
+            None,
+            Some(settings),
+        )
+        .unwrap();
+        free(&g, 100, 0);
+        let r = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(r.reason.code(), "host_memory");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_reading_lanes_follow_fail_open_and_nobody_waits() {
+        // No reading at all: a closed lane refuses at once, even under the queue policy.
+        let g = Gate::new(vec![memory_lane(Policy::Queue, false)], None, None).unwrap();
+        let start = Instant::now();
+        let r = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(r.reason, RejectReason::GpuMemory);
+        assert_eq!(r.memory.unwrap().free_bytes, None);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // A queued waiter is refused as soon as the reading goes away.
+        free(&g, 1600, 0);
+        let held = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let g2 = g.clone();
+        let waiter = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(counts(&g, 0), (1, 1));
+        g.memory_unreadable(0);
+        let refused = waiter.await.unwrap().unwrap_err();
+        assert_eq!(refused.reason, RejectReason::GpuMemory);
+        assert_eq!(start.elapsed(), Duration::from_millis(5));
+        drop(held);
+        // A stale reading counts as none.
+        free(&g, 100_000, 0);
+        tokio::time::sleep(Duration::from_millis(1001)).await;
+        assert!(g.admit(0, AdmitRequest::default()).await.is_err());
+        // A fail-open lane admits without a reading.
+        let g = Gate::new(vec![memory_lane(Policy::Reject, true)], None, None).unwrap();
+        assert!(g.admit(0, AdmitRequest::default()).await.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queued_memory_waiters_get_in_when_a_reservation_ends() {
+        let g = Gate::new(vec![memory_lane(Policy::Queue, false)], None, None).unwrap();
+        free(&g, 2000, 0);
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let g2 = g.clone();
+        let waiter = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(counts(&g, 0), (1, 1));
+        drop(a);
+        assert!(waiter.await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn learned_need_replaces_the_configured_one() {
+        let mut spec = memory_lane(Policy::Reject, false);
+        spec.gpu.as_mut().unwrap().learn = true;
+        spec.gpu.as_mut().unwrap().bytes_per_audio_second = 0;
+        spec.upstreams.truncate(1);
+        let settings = LedgerSettings {
+            learn_min_samples: 3,
+            ..LedgerSettings::default()
+        };
+        let g = Gate::new(vec![spec], None, Some(settings)).unwrap();
+        for _ in 0..3 {
+            free(&g, 50_000, 100);
+            let p = g.admit(0, AdmitRequest::default()).await.unwrap();
+            // The job really uses 2000 above the upstream's floor of 100.
+            free(&g, 48_000, 2100);
+            free(&g, 49_000, 1100);
+            drop(p);
+        }
+        let learned = g.learned(0).unwrap();
+        assert_eq!((learned.bytes_per_job, learned.samples), (2000, 3));
+        let lane = g.snapshot().lanes[0].memory.clone().unwrap();
+        assert_eq!(
+            (lane.configured_bytes_per_job, lane.bytes_per_job),
+            (1000, 2000)
+        );
+        // 2000 + 500 margin no longer fits 2400 free.
+        free(&g, 2400, 100);
+        assert!(g.admit(0, AdmitRequest::default()).await.is_err());
     }
 
     #[tokio::test(start_paused = true)]

@@ -104,8 +104,11 @@ pub enum RejectReason {
     QueueFull,
     /// Every in-flight slot of the lane is taken and the policy does not wait.
     Saturated,
-    /// Free GPU memory does not cover the job plus the margin (or could not be read).
+    /// Free GPU memory, less what admitted jobs have reserved, does not cover the job plus the
+    /// margin (or could not be read).
     GpuMemory,
+    /// The same for the host memory pool.
+    HostMemory,
     /// The engine's own queue or KV-cache usage is above the lane's threshold, or its metrics are stale.
     EngineSaturated,
     /// A lane this one yields to has work queued or in flight.
@@ -125,6 +128,7 @@ impl RejectReason {
             RejectReason::QueueFull => "lane_queue_full",
             RejectReason::Saturated => "lane_saturated",
             RejectReason::GpuMemory => "gpu_memory",
+            RejectReason::HostMemory => "host_memory",
             RejectReason::EngineSaturated => "engine_saturated",
             RejectReason::Yielding => "lane_yielding",
             RejectReason::DeviceSaturated => "device_saturated",
@@ -139,6 +143,7 @@ impl RejectReason {
             RejectReason::QueueFull => "the lane's queue is full",
             RejectReason::Saturated => "every in-flight slot of the lane is busy",
             RejectReason::GpuMemory => "free GPU memory does not cover this job",
+            RejectReason::HostMemory => "free memory of the host pool does not cover this job",
             RejectReason::EngineSaturated => "the inference engine reports it is saturated",
             RejectReason::Yielding => "the lane is yielding to a higher-priority lane",
             RejectReason::DeviceSaturated => "the device-wide in-flight cap is reached",
@@ -157,4 +162,6 @@ pub struct Rejection {
     pub retry_after: Duration,
     /// True when the lane's policy is `fallback`: the caller should answer with the fallback.
     pub fallback: bool,
+    /// For memory refusals: the free figure, the reservations outstanding and the need.
+    pub memory: Option<crate::ledger::MemoryShortfall>,
 }

@@ -1,14 +1,19 @@
 //! headroom-gate: the gateway's core without HTTP. Lanes with bounded queues, admission that reads
-//! GPU memory and engine load as plain inputs, priorities with bounded yielding, a device-wide cap,
+//! GPU memory (a ledger of readings and reservations) and engine load as plain inputs, priorities with bounded yielding, a device-wide cap,
 //! overload policies, Retry-After estimates from measured service time, and the rule-based
 //! transcript cleaner used by the `fallback` policy. Nothing here knows about axum, hyper or reqwest.
 
 pub mod admission;
 pub mod cleanup;
 pub mod lane;
+pub mod ledger;
 pub mod pressure;
 
-pub use admission::{AdmitRequest, Gate, GateSnapshot, LaneSnapshot, Permit, UpstreamSnapshot};
+pub use admission::{
+    AdmitRequest, Gate, GateSnapshot, LaneMemorySnapshot, LaneSnapshot, Permit, PoolSnapshot,
+    UpstreamSnapshot,
+};
 pub use cleanup::clean_transcript;
 pub use lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
+pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
 pub use pressure::{EngineLimits, EngineLoad, GpuNeed};

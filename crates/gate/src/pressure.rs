@@ -18,17 +18,40 @@ pub struct GpuNeed {
     pub margin_bytes: u64,
     /// Admit when the probe fails instead of treating the device as full.
     pub fail_open: bool,
+    /// Learn the need from measured job peaks (replacing the figures above once enough jobs
+    /// were measured).
+    pub learn: bool,
+    /// The lane's longest allowed clip: audio of unknown length counts as this long.
+    pub longest_clip_seconds: Option<f64>,
 }
 
 impl GpuNeed {
-    /// Bytes that must be free for a job with this much audio.
+    /// Bytes that must be free for a job with this much audio (the margin included).
     pub fn required_bytes(&self, audio_seconds: Option<f64>) -> u64 {
-        let per_audio = audio_seconds
-            .map(|s| (s.max(0.0) * self.bytes_per_audio_second as f64).ceil() as u64)
-            .unwrap_or(0);
-        self.bytes_per_job
-            .saturating_add(per_audio)
+        self.job_bytes(audio_seconds, false, None)
             .saturating_add(self.margin_bytes)
+    }
+
+    /// Bytes one job needs, from the learned figures when given, else the configured ones.
+    /// `audio_unknown` marks audio whose length could not be read: it counts as the longest
+    /// allowed clip, not as none.
+    pub fn job_bytes(
+        &self,
+        audio_seconds: Option<f64>,
+        audio_unknown: bool,
+        learned: Option<crate::ledger::LearnedNeed>,
+    ) -> u64 {
+        let (per_job, per_second) = match learned {
+            Some(l) if self.learn => (l.bytes_per_job, l.bytes_per_audio_second),
+            _ => (self.bytes_per_job, self.bytes_per_audio_second),
+        };
+        let seconds = match audio_seconds {
+            Some(s) => s.max(0.0),
+            None if audio_unknown => self.longest_clip_seconds.unwrap_or(0.0),
+            None => 0.0,
+        };
+        let per_audio = (seconds * per_second as f64).ceil() as u64;
+        per_job.saturating_add(per_audio)
     }
 }
 
@@ -117,9 +140,24 @@ mod tests {
             bytes_per_audio_second: 10,
             margin_bytes: 100,
             fail_open: false,
+            learn: false,
+            longest_clip_seconds: Some(60.0),
         };
         assert_eq!(need.required_bytes(None), 1100);
         assert_eq!(need.required_bytes(Some(30.0)), 1400);
         assert_eq!(need.required_bytes(Some(-5.0)), 1100);
+        // Audio of unknown length counts as the longest clip, not as none.
+        assert_eq!(need.job_bytes(None, true, None), 1600);
+        let learned = crate::ledger::LearnedNeed {
+            bytes_per_job: 2000,
+            bytes_per_audio_second: 20,
+            samples: 9,
+        };
+        assert_eq!(need.job_bytes(Some(10.0), false, Some(learned)), 1100);
+        let learning = GpuNeed {
+            learn: true,
+            ..need
+        };
+        assert_eq!(learning.job_bytes(Some(10.0), false, Some(learned)), 2200);
     }
 }

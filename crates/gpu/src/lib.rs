@@ -4,11 +4,12 @@
 //! a ring buffer and a sample file ([`sample`]); [`leak`] turns per-round floors and throughput
 //! into a verdict using the statistics in [`trend`]. [`HostPool`] is the probe of a box without a
 //! GPU: host RAM as one device whose users are process trees read from `/proc`; [`calibration`]
-//! is the file `up` keeps its measurements in.
+//! is the file `up` keeps its measurements in; [`listen`] names the process listening on a port.
 
 pub mod calibration;
 pub mod host;
 pub mod leak;
+pub mod listen;
 pub mod nvml;
 pub mod probe;
 pub mod sample;
@@ -19,6 +20,7 @@ pub mod trend;
 pub use calibration::{BackendCalibration, Calibration, CalibrationError, LearnedLane};
 pub use host::{HostPool, TreeMemory, process_tree, tree_memory};
 pub use leak::{LeakConfig, LeakError, LeakReport, Verdict, verdict, verdict_with};
+pub use listen::{ListenError, listening_pid, url_listener};
 pub use nvml::NvmlProbe;
 pub use probe::*;
 pub use sample::{Sample, SampleFileError, SampleWriter, read_samples};

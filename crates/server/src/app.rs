@@ -515,6 +515,12 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
                 .with_param(Some(seen.audio_param)));
             }
             Some(_) => {}
+            // Admission counts it as the longest allowed clip, so its memory is covered.
+            None if lane
+                .spec
+                .gpu
+                .as_ref()
+                .is_some_and(|g| g.bytes_per_audio_second > 0) => {}
             None => {
                 return Err(ApiError::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -578,6 +584,7 @@ async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiEr
             AdmitRequest {
                 audio_seconds: seen.audio_seconds,
                 wait_until: Some(deadline),
+                audio_unknown: seen.has_audio && seen.audio_seconds.is_none(),
             },
         )
         .await;

@@ -1,12 +1,14 @@
 //! The `headroom serve` configuration file: TOML keys, their defaults, duration and size parsing,
 //! validation with the offending key named, the commented example, and conversion into the gate's
-//! [`LaneSpec`]s.
+//! [`LaneSpec`]s. The `[memory]` table lives in [`crate::memory_config`].
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use headroom_gate::{EngineLimits, GpuNeed, LaneSpec, Policy};
+use headroom_gate::{EngineLimits, GpuNeed, LaneSpec, LedgerSettings, Policy, PoolKind};
 use serde::Deserialize;
+
+use crate::memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// Why a configuration file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,8 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     pub max_header_bytes: usize,
     pub scrape_interval: Duration,
+    /// The `[memory]` table (defaults: NVML device 0, no capacity cap, no margin).
+    pub memory: MemoryConfig,
     pub lanes: Vec<LaneConfig>,
 }
 
@@ -96,6 +100,7 @@ struct RawConfig {
     shutdown_grace: Option<String>,
     max_header_bytes: Option<toml::Value>,
     scrape_interval: Option<String>,
+    memory: Option<MemoryTable>,
     #[serde(default)]
     lanes: Vec<RawLane>,
 }
@@ -136,6 +141,7 @@ struct RawLane {
     gpu_memory_per_audio_second: Option<toml::Value>,
     gpu_memory_margin: Option<toml::Value>,
     gpu_fail_open: Option<bool>,
+    learn: Option<bool>,
     engine: Option<String>,
     metrics_path: Option<String>,
     engine_max_waiting: Option<f64>,
@@ -235,9 +241,10 @@ impl ServeConfig {
         if raw.lanes.is_empty() {
             return Err(key_err("lanes", "at least one [[lanes]] table is required"));
         }
+        let memory = raw.memory.unwrap_or_default().validate("memory")?;
         let mut lanes = Vec::with_capacity(raw.lanes.len());
         for (i, lane) in raw.lanes.into_iter().enumerate() {
-            lanes.push(lane_config(i, lane)?);
+            lanes.push(lane_config(i, lane, &memory)?);
         }
         let config = ServeConfig {
             listen,
@@ -246,6 +253,7 @@ impl ServeConfig {
             shutdown_grace,
             max_header_bytes,
             scrape_interval,
+            memory,
             lanes,
         };
         // Let the gate check what it owns (names, yield_to targets).
@@ -262,6 +270,22 @@ impl ServeConfig {
     pub fn needs_gpu_probe(&self) -> bool {
         self.lanes.iter().any(|l| l.spec.gpu.is_some())
     }
+
+    /// How the gate's memory ledger treats readings, from the `[memory]` table.
+    pub fn ledger_settings(&self) -> LedgerSettings {
+        let m = &self.memory;
+        LedgerSettings {
+            kind: match m.probe {
+                ProbeKind::Nvml => PoolKind::Gpu,
+                ProbeKind::Host => PoolKind::Host,
+            },
+            settle: m.settle,
+            stale_after: m.stale_after,
+            learn_quantile: m.learn_quantile,
+            learn_min_samples: m.learn_min_samples,
+            ignore_reservations: m.ignore_reservations,
+        }
+    }
 }
 
 const ROUTES: &[&str] = &[
@@ -272,7 +296,11 @@ const ROUTES: &[&str] = &[
     "/v1/audio/speech",
 ];
 
-fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
+fn lane_config(
+    index: usize,
+    raw: RawLane,
+    memory: &MemoryConfig,
+) -> Result<LaneConfig, ConfigError> {
     let name = raw.name.trim().to_string();
     let k = |key: &str| format!("lanes[{index}] ({name}).{key}");
     if name.is_empty() {
@@ -392,10 +420,23 @@ fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
         "gpu_memory_per_audio_second",
         &raw.gpu_memory_per_audio_second,
     )?;
+    if gpu_per_second.is_some() && raw.max_audio_seconds.is_none() {
+        return Err(key_err(
+            k("max_audio_seconds"),
+            "gpu_memory_per_audio_second needs max_audio_seconds: audio of unknown length is counted as that long",
+        ));
+    }
+    if raw.learn == Some(true) && gpu_per_job.is_none() && gpu_per_second.is_none() {
+        return Err(key_err(
+            k("learn"),
+            "learn = true needs gpu_memory_per_job or gpu_memory_per_audio_second as the figure to start from",
+        ));
+    }
     let gpu = if gpu_per_job.is_some() || gpu_per_second.is_some() {
         Some(GpuNeed {
             device: match raw.gpu_device {
-                None => 0,
+                None if memory.probe == ProbeKind::Host => 0,
+                None => memory.device,
                 Some(d) if d >= 0 => d as u32,
                 Some(_) => {
                     return Err(key_err(
@@ -406,8 +447,13 @@ fn lane_config(index: usize, raw: RawLane) -> Result<LaneConfig, ConfigError> {
             },
             bytes_per_job: gpu_per_job.unwrap_or(0),
             bytes_per_audio_second: gpu_per_second.unwrap_or(0),
-            margin_bytes: bytes("gpu_memory_margin", &raw.gpu_memory_margin)?.unwrap_or(0),
+            // The pool's margin unless the lane asks for more.
+            margin_bytes: bytes("gpu_memory_margin", &raw.gpu_memory_margin)?
+                .unwrap_or(0)
+                .max(memory.margin),
             fail_open: raw.gpu_fail_open.unwrap_or(false),
+            learn: raw.learn.unwrap_or(false),
+            longest_clip_seconds: raw.max_audio_seconds,
         })
     } else {
         None
@@ -526,8 +572,25 @@ api_keys = []
 shutdown_grace = "30s"
 # Requests whose headers together exceed this get 431.
 max_header_bytes = "16KiB"
-# How often engine /metrics and the GPU probe are read.
+# How often engine /metrics are read.
 scrape_interval = "1s"
+
+# The memory pool lanes with gpu_memory_* admit on (the same table as in `headroom up`'s box
+# file). A job is admitted only while free memory, less what admitted jobs have reserved and the
+# readings do not show yet, covers its need plus the margin. Readings are taken by a sampler
+# task, never on the request path.
+[memory]
+probe = "nvml"                         # nvml: a GPU; host: RSS of the `watch` process trees
+device = 0                             # NVML device index (lanes may override with gpu_device)
+# capacity = "8GiB"                    # pool size (required for host; a cap below the card for nvml)
+margin = 0                              # always left free (a lane's gpu_memory_margin may ask for more)
+watch = []                             # host: upstream URLs whose listening process trees are the pool
+sample_interval = "50ms"               # sampler period (5ms to 50ms)
+settle = "5s"                          # a reservation counts as in the reading after this at the latest
+stale_after = "1s"                     # older readings count as none (see gpu_fail_open)
+learn_quantile = 0.95                  # learned needs cover this quantile of measured job peaks
+learn_min_samples = 8                  # measured jobs before a learned need replaces the figure
+# calibration = "calibration.json"     # learned needs are saved here and read back at start
 
 [[lanes]]
 name = "audio"                         # shown in metrics, /admin/lanes, x-headroom-lane
@@ -546,12 +609,14 @@ request_timeout = "120s"               # whole-request deadline, then 504 (or a 
 policy = "queue"                       # reject | queue | fallback
 max_body_bytes = "25MiB"               # larger bodies get 413 before they are read
 max_audio_seconds = 600.0              # from the WAV/FLAC/MP3/OGG header; longer gets 413
-# GPU memory one job needs; the lane admits only while the probe reports this much free.
+# Memory one job needs from the [memory] pool (GPU or host, whichever it is); audio of unknown
+# length counts as max_audio_seconds.
 # gpu_device = 0
 # gpu_memory_per_job = "1GiB"
 # gpu_memory_per_audio_second = "4MiB"
 # gpu_memory_margin = "512MiB"
-# gpu_fail_open = false                # true: admit when the GPU cannot be read
+# gpu_fail_open = false                # true: admit when the pool cannot be read
+# learn = false                        # true: measure job peaks and use a high quantile of them
 # upstream_api_key = "..."             # Bearer key sent upstream (or upstream_api_key_env = "VAR")
 
 [[lanes]]
@@ -642,6 +707,18 @@ policy = "queue"
             "shutdown_grace",
             "max_header_bytes",
             "scrape_interval",
+            "probe",
+            "device",
+            "capacity",
+            "margin",
+            "watch",
+            "sample_interval",
+            "settle",
+            "stale_after",
+            "learn_quantile",
+            "learn_min_samples",
+            "calibration",
+            "learn",
             "name",
             "paths",
             "models",
@@ -717,6 +794,18 @@ policy = "queue"
                 "fallback",
             ),
             ("listen = \"127.0.0.1:1\"", "lanes"),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/audio/transcriptions\"]\nupstreams=[\"http://a:1\"]\ngpu_memory_per_audio_second=\"1MiB\"",
+                "max_audio_seconds",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/audio/transcriptions\"]\nupstreams=[\"http://a:1\"]\nlearn=true",
+                "learn",
+            ),
+            (
+                "[memory]\nprobe=\"host\"\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
+                "memory.capacity",
+            ),
         ];
         for (text, want) in cases {
             let err = ServeConfig::from_toml(text).unwrap_err().to_string();

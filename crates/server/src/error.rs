@@ -84,9 +84,13 @@ impl ApiError {
             }
             _ => StatusCode::TOO_MANY_REQUESTS,
         };
+        let mut message = format!("lane `{}`: {}", r.lane, r.reason.describe());
+        if let Some(m) = &r.memory {
+            message.push_str(&memory_figures(m));
+        }
         ApiError {
             status,
-            message: format!("lane `{}`: {}", r.lane, r.reason.describe()),
+            message,
             param: None,
             code: r.reason.code().to_string(),
             retry_after: Some(r.retry_after),
@@ -116,6 +120,29 @@ impl ApiError {
                 timeout.as_millis()
             ),
         )
+    }
+}
+
+/// The figures of a memory refusal, in words and in bytes.
+fn memory_figures(m: &headroom_gate::MemoryShortfall) -> String {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    match m.free_bytes {
+        None => format!(
+            " (device {}: no current memory reading, the probe failed or is late; need_bytes={} margin_bytes={})",
+            m.device, m.need_bytes, m.margin_bytes
+        ),
+        Some(free) => format!(
+            " (device {}: {:.0} MiB free, {:.0} MiB reserved by admitted jobs not yet in the reading, this job needs {:.0} MiB + {:.0} MiB margin; free_bytes={} reserved_bytes={} need_bytes={} margin_bytes={})",
+            m.device,
+            mib(free),
+            mib(m.reserved_bytes),
+            mib(m.need_bytes),
+            mib(m.margin_bytes),
+            free,
+            m.reserved_bytes,
+            m.need_bytes,
+            m.margin_bytes
+        ),
     }
 }
 

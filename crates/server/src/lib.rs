@@ -9,6 +9,8 @@ pub mod audio;
 pub mod config;
 pub mod error;
 pub mod inspect;
+pub mod memory_config;
+pub mod memory_feed;
 pub mod multipart;
 pub mod proxy;
 pub mod scrape;
@@ -21,13 +23,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_gate::Gate;
-use headroom_gpu::GpuProbe;
+use headroom_gpu::{GpuProbe, HostPool};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
 pub use error::ApiError;
+pub use memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +47,8 @@ pub enum ServeError {
     Client(String),
     #[error("{0}")]
     Tokenizer(String),
+    #[error("{0}")]
+    Calibration(#[from] headroom_gpu::CalibrationError),
     #[error("server failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -52,10 +57,14 @@ pub enum ServeError {
 pub struct Gateway {
     state: Arc<app::AppState>,
     probe: Option<Arc<dyn GpuProbe>>,
+    /// The host pool whose members (the watched upstreams) the memory feed keeps current.
+    pool: Option<HostPool>,
 }
 
 impl Gateway {
-    /// Builds the gate, the upstream client and the metrics registry.
+    /// Builds the gate, the upstream client and the metrics registry. With `[memory] probe =
+    /// "host"` and no probe given, the host pool is built here; learned needs are read back from
+    /// the calibration file.
     pub fn new(
         mut config: ServeConfig,
         probe: Option<Arc<dyn GpuProbe>>,
@@ -69,8 +78,24 @@ impl Gateway {
         let gate = Gate::new(
             config.lane_specs(),
             config.max_inflight_total,
-            probe.clone(),
+            Some(config.ledger_settings()),
         )?;
+        let mut pool = None;
+        let probe = match (probe, config.memory.probe, config.memory.capacity) {
+            (None, memory_config::ProbeKind::Host, Some(capacity)) => {
+                let p = HostPool::new(capacity);
+                pool = Some(p.clone());
+                Some(Arc::new(p) as Arc<dyn GpuProbe>)
+            }
+            (probe, _, _) => probe,
+        };
+        if let Some(path) = &config.memory.calibration {
+            for (name, learned) in memory_feed::load_learned(path)? {
+                if let Some(lane) = gate.lane_index(&name) {
+                    gate.set_learned(lane, learned);
+                }
+            }
+        }
         let client = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_secs(5))
@@ -80,6 +105,7 @@ impl Gateway {
         Ok(Gateway {
             state: Arc::new(app::AppState::new(config, gate, client, telemetry)),
             probe,
+            pool,
         })
     }
 
@@ -88,6 +114,47 @@ impl Gateway {
     pub fn with_box(self, provider: Arc<dyn admin_box::BoxProvider>) -> Gateway {
         let _ = self.state.box_provider.set(provider);
         self
+    }
+
+    /// Names the host pool behind the probe (e.g. when the probe wraps it), so the memory feed
+    /// keeps its members, the watched upstreams, current.
+    pub fn with_pool(mut self, pool: HostPool) -> Gateway {
+        self.pool = Some(pool);
+        self
+    }
+
+    fn memory_feed(&self) -> Result<Option<memory_feed::MemoryFeed>, ServeError> {
+        let config = &self.state.config;
+        let Some(probe) = self.probe.clone() else {
+            return Ok(None);
+        };
+        if !config.needs_gpu_probe() {
+            return Ok(None);
+        }
+        let mut owners = config.memory.watch.clone();
+        let mut learn_lanes = Vec::new();
+        for (i, lane) in config.lanes.iter().enumerate() {
+            let Some(need) = &lane.spec.gpu else { continue };
+            if need.learn {
+                learn_lanes.push((i, lane.spec.name.clone()));
+            }
+            for u in &lane.spec.upstreams {
+                if !owners.contains(u) {
+                    owners.push(u.clone());
+                }
+            }
+        }
+        memory_feed::MemoryFeed::start(memory_feed::FeedSetup {
+            probe,
+            pool: self.pool.clone(),
+            memory: config.memory.clone(),
+            owners,
+            learn_lanes,
+            gate: self.state.gate.clone(),
+            telemetry: self.state.telemetry.clone(),
+        })
+        .map(Some)
+        .map_err(ServeError::Io)
     }
 
     pub fn gate(&self) -> &Gate {
@@ -127,7 +194,8 @@ impl Gateway {
                 state.config.scrape_interval,
             )));
         }
-        if let Some(probe) = self.probe.clone() {
+        let feed = self.memory_feed()?;
+        if let (Some(probe), None) = (self.probe.clone(), &feed) {
             background.push(tokio::spawn(scrape::gpu_loop(
                 probe,
                 state.telemetry.clone(),
@@ -155,6 +223,9 @@ impl Gateway {
         };
         for task in background {
             task.abort();
+        }
+        if let Some(feed) = feed {
+            feed.stop();
         }
         result
     }
@@ -194,12 +265,24 @@ pub async fn spawn(
     config: ServeConfig,
     probe: Option<Arc<dyn GpuProbe>>,
 ) -> Result<Running, ServeError> {
+    spawn_with_pool(config, probe, None).await
+}
+
+/// [`spawn`], naming the host pool a given probe reads (see [`Gateway::with_pool`]).
+pub async fn spawn_with_pool(
+    config: ServeConfig,
+    probe: Option<Arc<dyn GpuProbe>>,
+    pool: Option<HostPool>,
+) -> Result<Running, ServeError> {
     let addr = config.listen;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
     let addr = listener.local_addr()?;
-    let gateway = Gateway::new(config, probe)?;
+    let mut gateway = Gateway::new(config, probe)?;
+    if let Some(pool) = pool {
+        gateway = gateway.with_pool(pool);
+    }
     let gate = gateway.gate().clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(gateway.serve(listener, async move {

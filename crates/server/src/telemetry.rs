@@ -5,6 +5,7 @@ use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
 
 use headroom_gate::GateSnapshot;
+use headroom_gate::LaneMemorySnapshot;
 
 pub const REQUESTS_TOTAL: &str = "headroom_requests_total";
 pub const LANE_INFLIGHT: &str = "headroom_lane_inflight";
@@ -17,6 +18,17 @@ pub const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
 /// Requests refused for their input (4xx other than 429), by error code.
 pub const BAD_REQUESTS_TOTAL: &str = "headroom_bad_requests_total";
 pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
+/// Memory ledger, per device: free in the last reading, reserved by admitted jobs, the part of
+/// that the reading does not show yet, and the number of reservations.
+pub const MEMORY_FREE_BYTES: &str = "headroom_memory_free_bytes";
+pub const MEMORY_RESERVED_BYTES: &str = "headroom_memory_reserved_bytes";
+pub const MEMORY_HIDDEN_BYTES: &str = "headroom_memory_unseen_reserved_bytes";
+pub const MEMORY_RESERVATIONS: &str = "headroom_memory_reservations";
+/// A lane's memory need per job and per audio second, by `source`: configured, learned, in_force.
+pub const LANE_MEMORY_PER_JOB_BYTES: &str = "headroom_lane_memory_per_job_bytes";
+pub const LANE_MEMORY_PER_AUDIO_SECOND_BYTES: &str = "headroom_lane_memory_per_audio_second_bytes";
+/// Jobs whose peak the lane has measured since start.
+pub const LANE_MEMORY_MEASURED_JOBS: &str = "headroom_lane_memory_measured_jobs";
 pub const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
 pub const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
 pub const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
@@ -84,9 +96,48 @@ impl Telemetry {
                 .set(lane.inflight as f64);
             self.gauge(LANE_QUEUE_DEPTH, &[("lane", &lane.name)])
                 .set(lane.queued as f64);
+            if let Some(m) = &lane.memory {
+                self.lane_memory(&lane.name, m);
+            }
+        }
+        for pool in &snapshot.memory {
+            let device = pool.device.to_string();
+            let labels = [("device", device.as_str())];
+            if let Some(free) = pool.free_bytes {
+                self.gauge(MEMORY_FREE_BYTES, &labels).set(free as f64);
+            }
+            self.gauge(MEMORY_RESERVED_BYTES, &labels)
+                .set(pool.reserved_bytes as f64);
+            self.gauge(MEMORY_HIDDEN_BYTES, &labels)
+                .set(pool.hidden_bytes as f64);
+            self.gauge(MEMORY_RESERVATIONS, &labels)
+                .set(pool.reservations as f64);
         }
         let handle = self.recorder.handle();
         handle.run_upkeep();
         handle.render()
+    }
+
+    fn lane_memory(&self, lane: &str, m: &LaneMemorySnapshot) {
+        let mut figures = vec![
+            (
+                "configured",
+                m.configured_bytes_per_job,
+                m.configured_bytes_per_audio_second,
+            ),
+            ("in_force", m.bytes_per_job, m.bytes_per_audio_second),
+        ];
+        if let Some(l) = m.learned {
+            figures.push(("learned", l.bytes_per_job, l.bytes_per_audio_second));
+        }
+        for (source, per_job, per_second) in figures {
+            let labels = [("lane", lane), ("source", source)];
+            self.gauge(LANE_MEMORY_PER_JOB_BYTES, &labels)
+                .set(per_job as f64);
+            self.gauge(LANE_MEMORY_PER_AUDIO_SECOND_BYTES, &labels)
+                .set(per_second as f64);
+        }
+        self.gauge(LANE_MEMORY_MEASURED_JOBS, &[("lane", lane)])
+            .set(m.measured_jobs as f64);
     }
 }

@@ -1,0 +1,591 @@
+//! The memory ledger: per device (an NVML GPU or the host pool), the last reading pushed in by the
+//! sampler task plus the reservations of admitted jobs, the memory check admission asks it, and
+//! the per-lane learning of job peaks. Everything here is plain data and arithmetic: readings and
+//! times are inputs, nothing here reads a probe or a clock.
+//!
+//! A job is admitted only when `free − Σ hidden reservations ≥ need + margin`. A reservation is
+//! *hidden* while the reading cannot yet show it: its part not yet covered by the growth of the
+//! owning upstream's measured use above that upstream's idle floor (reservations of one owner
+//! take the growth oldest first), and not older than the settle time. Visible parts are already
+//! in the free figure and are not counted twice.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Samples a lane's learner keeps (newest first out).
+const LEARN_WINDOW: usize = 256;
+
+/// One reading of one memory pool, as the sampler took it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryReading {
+    /// Device index (the host pool is one device, index 0).
+    pub device: u32,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Measured use of each upstream (keyed by the upstream as configured in the lanes), for the
+    /// upstreams whose processes could be found.
+    pub owners: Vec<(String, u64)>,
+    /// When the reading was taken.
+    pub at: Instant,
+}
+
+impl MemoryReading {
+    fn owner_use(&self, owner: &str) -> Option<u64> {
+        self.owners
+            .iter()
+            .find(|(o, _)| o == owner)
+            .map(|(_, b)| *b)
+    }
+}
+
+/// Which pool a gate's memory admission reads; it names the rejection code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    Gpu,
+    Host,
+}
+
+/// How the ledger treats readings and reservations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerSettings {
+    pub kind: PoolKind,
+    /// A reservation counts as visible at the latest this long after admission.
+    pub settle: Duration,
+    /// A reading older than this counts as none.
+    pub stale_after: Duration,
+    /// Quantile of observed peaks a learned need covers (0..=1].
+    pub learn_quantile: f64,
+    /// Measured jobs needed before a learned need replaces the configured one.
+    pub learn_min_samples: usize,
+    /// Test-only: ignore reservations and compare the reading alone with the need (the old
+    /// comparison), so a test can show that it over-commits.
+    #[doc(hidden)]
+    pub ignore_reservations: bool,
+}
+
+impl Default for LedgerSettings {
+    fn default() -> Self {
+        LedgerSettings {
+            kind: PoolKind::Gpu,
+            settle: Duration::from_secs(5),
+            stale_after: Duration::from_secs(1),
+            learn_quantile: 0.95,
+            learn_min_samples: 8,
+            ignore_reservations: false,
+        }
+    }
+}
+
+/// The figures behind a memory refusal.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MemoryShortfall {
+    pub device: u32,
+    /// Free bytes in the last reading; `None` when there is no usable reading.
+    pub free_bytes: Option<u64>,
+    /// Reserved bytes of admitted jobs the reading does not show yet.
+    pub reserved_bytes: u64,
+    /// Bytes the job needs (without the margin).
+    pub need_bytes: u64,
+    pub margin_bytes: u64,
+}
+
+/// A learned per-lane need.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LearnedNeed {
+    pub bytes_per_job: u64,
+    pub bytes_per_audio_second: u64,
+    /// Measured jobs behind the figures.
+    pub samples: u64,
+}
+
+#[derive(Debug)]
+struct Reservation {
+    id: u64,
+    lane: usize,
+    owner: String,
+    bytes: u64,
+    admitted_at: Instant,
+    audio_seconds: Option<f64>,
+    /// Bytes of this reservation the latest reading shows (owner growth attributed to it).
+    covered: u64,
+    /// Owner's idle floor at admission, when known.
+    floor: Option<u64>,
+    /// Highest owner use seen by readings during the job.
+    max_seen: Option<u64>,
+    /// No other job of the same owner overlapped this one.
+    alone: bool,
+}
+
+#[derive(Debug, Default)]
+struct Owner {
+    name: String,
+    /// The owner's use in the latest reading taken while it had no reservation.
+    floor: Option<u64>,
+}
+
+#[derive(Debug)]
+struct DeviceLedger {
+    device: u32,
+    reading: Option<MemoryReading>,
+    reservations: Vec<Reservation>,
+    owners: Vec<Owner>,
+}
+
+/// One job's measured peak, handed back when its reservation ends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeakSample {
+    pub lane: usize,
+    pub peak_bytes: u64,
+    pub audio_seconds: Option<f64>,
+}
+
+/// Per-device readings and reservations.
+#[derive(Debug)]
+pub struct Ledger {
+    settings: LedgerSettings,
+    devices: Vec<DeviceLedger>,
+}
+
+impl Ledger {
+    pub fn new(settings: LedgerSettings) -> Ledger {
+        Ledger {
+            settings,
+            devices: Vec::new(),
+        }
+    }
+
+    pub fn settings(&self) -> &LedgerSettings {
+        &self.settings
+    }
+
+    fn device_mut(&mut self, device: u32) -> &mut DeviceLedger {
+        if let Some(i) = self.devices.iter().position(|d| d.device == device) {
+            return &mut self.devices[i];
+        }
+        self.devices.push(DeviceLedger {
+            device,
+            reading: None,
+            reservations: Vec::new(),
+            owners: Vec::new(),
+        });
+        self.devices.last_mut().expect("just pushed")
+    }
+
+    fn device(&self, device: u32) -> Option<&DeviceLedger> {
+        self.devices.iter().find(|d| d.device == device)
+    }
+
+    /// Takes a new reading: owner floors, the covered part of each reservation, job maxima.
+    pub fn push_reading(&mut self, reading: MemoryReading) {
+        let d = self.device_mut(reading.device);
+        for (name, used) in &reading.owners {
+            let idle = !d.reservations.iter().any(|r| &r.owner == name);
+            let owner = match d.owners.iter().position(|o| &o.name == name) {
+                Some(i) => &mut d.owners[i],
+                None => {
+                    d.owners.push(Owner {
+                        name: name.clone(),
+                        floor: None,
+                    });
+                    d.owners.last_mut().expect("just pushed")
+                }
+            };
+            if idle {
+                owner.floor = Some(*used);
+            }
+            // The owner's growth above its idle floor, shared out oldest reservation first.
+            let mut growth = owner.floor.map_or(0, |f| used.saturating_sub(f));
+            for r in d.reservations.iter_mut().filter(|r| &r.owner == name) {
+                r.covered = growth.min(r.bytes);
+                growth -= r.covered;
+                r.max_seen = Some(r.max_seen.map_or(*used, |m| m.max(*used)));
+            }
+        }
+        for r in &mut d.reservations {
+            if reading.owner_use(&r.owner).is_none() {
+                r.covered = 0;
+            }
+        }
+        d.reading = Some(reading);
+    }
+
+    /// Forgets the device's reading (the probe failed): admission follows `fail_open`.
+    pub fn clear_reading(&mut self, device: u32) {
+        self.device_mut(device).reading = None;
+    }
+
+    /// The reading admission may use now, if any.
+    pub fn reading(&self, device: u32, now: Instant) -> Option<&MemoryReading> {
+        self.device(device)?
+            .reading
+            .as_ref()
+            .filter(|r| now.saturating_duration_since(r.at) <= self.settings.stale_after)
+    }
+
+    /// Reserved bytes the reading does not show yet.
+    pub fn hidden_bytes(&self, device: u32, now: Instant) -> u64 {
+        if self.settings.ignore_reservations {
+            return 0;
+        }
+        let Some(d) = self.device(device) else {
+            return 0;
+        };
+        d.reservations
+            .iter()
+            .filter(|r| now.saturating_duration_since(r.admitted_at) < self.settings.settle)
+            .map(|r| r.bytes - r.covered)
+            .sum()
+    }
+
+    /// Every outstanding reservation's bytes on a device.
+    pub fn reserved_bytes(&self, device: u32) -> u64 {
+        self.device(device)
+            .map_or(0, |d| d.reservations.iter().map(|r| r.bytes).sum())
+    }
+
+    pub fn reservation_count(&self, device: u32) -> usize {
+        self.device(device).map_or(0, |d| d.reservations.len())
+    }
+
+    /// Whether a job needing `need` bytes (plus `margin`) fits on `device` now. `Ok(false)`
+    /// when there is no usable reading, so the caller applies `fail_open`.
+    pub fn check(
+        &self,
+        device: u32,
+        need: u64,
+        margin: u64,
+        now: Instant,
+    ) -> Result<(), MemoryShortfall> {
+        let hidden = self.hidden_bytes(device, now);
+        let shortfall = |free| MemoryShortfall {
+            device,
+            free_bytes: free,
+            reserved_bytes: hidden,
+            need_bytes: need,
+            margin_bytes: margin,
+        };
+        let Some(reading) = self.reading(device, now) else {
+            return Err(shortfall(None));
+        };
+        let available = reading.free_bytes.saturating_sub(hidden);
+        if available >= need.saturating_add(margin) {
+            Ok(())
+        } else {
+            Err(shortfall(Some(reading.free_bytes)))
+        }
+    }
+
+    /// Records an admitted job's reservation.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reserve(
+        &mut self,
+        id: u64,
+        lane: usize,
+        device: u32,
+        owner: &str,
+        bytes: u64,
+        audio_seconds: Option<f64>,
+        now: Instant,
+    ) {
+        let d = self.device_mut(device);
+        let mut alone = true;
+        for r in d.reservations.iter_mut().filter(|r| r.owner == owner) {
+            r.alone = false;
+            alone = false;
+        }
+        let floor = d
+            .owners
+            .iter()
+            .find(|o| o.name == owner)
+            .and_then(|o| o.floor);
+        let current = d.reading.as_ref().and_then(|r| r.owner_use(owner));
+        d.reservations.push(Reservation {
+            id,
+            lane,
+            owner: owner.to_string(),
+            bytes,
+            admitted_at: now,
+            audio_seconds,
+            covered: 0,
+            floor,
+            max_seen: current,
+            alone,
+        });
+    }
+
+    /// Ends a reservation; returns the job's measured peak when it ran alone on its upstream and
+    /// the upstream's idle floor was known.
+    pub fn release(&mut self, device: u32, id: u64) -> Option<PeakSample> {
+        let d = self.device_mut(device);
+        let pos = d.reservations.iter().position(|r| r.id == id)?;
+        let r = d.reservations.remove(pos);
+        if !r.alone {
+            return None;
+        }
+        let (floor, max) = (r.floor?, r.max_seen?);
+        Some(PeakSample {
+            lane: r.lane,
+            peak_bytes: max.saturating_sub(floor),
+            audio_seconds: r.audio_seconds,
+        })
+    }
+
+    /// When the earliest reservation on `device` is expected to end, given each lane's expected
+    /// hold time.
+    pub fn earliest_release(
+        &self,
+        device: u32,
+        hold: impl Fn(usize) -> Duration,
+    ) -> Option<Instant> {
+        self.device(device)?
+            .reservations
+            .iter()
+            .map(|r| r.admitted_at + hold(r.lane))
+            .min()
+    }
+}
+
+/// A lane's measured job peaks and the need learned from them.
+#[derive(Debug, Default)]
+pub struct Learner {
+    samples: VecDeque<(f64, u64)>,
+    /// Jobs measured since start (the window keeps the newest).
+    seen: u64,
+    /// Loaded from the calibration file; replaced once enough new samples exist.
+    loaded: Option<LearnedNeed>,
+    current: Option<LearnedNeed>,
+}
+
+impl Learner {
+    pub fn with_loaded(loaded: LearnedNeed) -> Learner {
+        Learner {
+            loaded: Some(loaded),
+            ..Learner::default()
+        }
+    }
+
+    pub fn seen(&self) -> u64 {
+        self.seen
+    }
+
+    /// Adds one job's peak. `per_second` is the configured bytes per audio second (a slope is
+    /// fitted only where clips of different lengths were measured).
+    pub fn add(
+        &mut self,
+        peak: u64,
+        audio_seconds: Option<f64>,
+        per_second: u64,
+        quantile: f64,
+        min: usize,
+    ) {
+        let seconds = match audio_seconds {
+            Some(s) if s.is_finite() && s >= 0.0 => s,
+            // A per-second need cannot be split off a job of unknown length.
+            _ if per_second > 0 => return,
+            _ => 0.0,
+        };
+        if self.samples.len() == LEARN_WINDOW {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((seconds, peak));
+        self.seen += 1;
+        if self.samples.len() >= min {
+            self.current = Some(fit(&self.samples, per_second, quantile));
+        }
+    }
+
+    /// The learned need in force, if any.
+    pub fn learned(&self) -> Option<LearnedNeed> {
+        self.current.or(self.loaded)
+    }
+}
+
+/// `peak ≈ a + b × seconds`: the slope by least squares where clip lengths vary (else the
+/// configured one), and `a` the `quantile` of the residuals, so the need covers that share of
+/// the measured jobs.
+fn fit(samples: &VecDeque<(f64, u64)>, per_second: u64, quantile: f64) -> LearnedNeed {
+    let n = samples.len() as f64;
+    let mean_s = samples.iter().map(|(s, _)| s).sum::<f64>() / n;
+    let mean_p = samples.iter().map(|(_, p)| *p as f64).sum::<f64>() / n;
+    let var_s = samples
+        .iter()
+        .map(|(s, _)| (s - mean_s).powi(2))
+        .sum::<f64>();
+    let spread = samples
+        .iter()
+        .map(|(s, _)| *s)
+        .fold(f64::NEG_INFINITY, f64::max)
+        - samples
+            .iter()
+            .map(|(s, _)| *s)
+            .fold(f64::INFINITY, f64::min);
+    let slope = if per_second > 0 && spread >= 1.0 && var_s > 0.0 {
+        let cov = samples
+            .iter()
+            .map(|(s, p)| (s - mean_s) * (*p as f64 - mean_p))
+            .sum::<f64>();
+        (cov / var_s).max(0.0)
+    } else {
+        per_second as f64
+    };
+    let mut residuals: Vec<f64> = samples.iter().map(|(s, p)| *p as f64 - slope * s).collect();
+    residuals.sort_by(f64::total_cmp);
+    // Nearest rank: the smallest residual at or above the quantile's share.
+    let rank = ((quantile * n).ceil() as usize).clamp(1, residuals.len());
+    LearnedNeed {
+        bytes_per_job: residuals[rank - 1].max(0.0).round() as u64,
+        bytes_per_audio_second: slope.round() as u64,
+        samples: samples.len() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn reading(free: u64, owner_use: u64, at: Instant) -> MemoryReading {
+        MemoryReading {
+            device: 0,
+            total_bytes: 10_000 * MIB,
+            free_bytes: free,
+            owners: vec![("up".into(), owner_use)],
+            at,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reservations_count_until_the_reading_shows_them() {
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
+        // Three jobs of 300 MiB fit 1000 MiB free with 50 MiB margin; the fourth does not.
+        for id in 0..3 {
+            assert!(l.check(0, 300 * MIB, 50 * MIB, t0).is_ok(), "job {id}");
+            l.reserve(id, 0, 0, "up", 300 * MIB, None, t0);
+        }
+        let short = l.check(0, 300 * MIB, 50 * MIB, t0).unwrap_err();
+        assert_eq!(short.reserved_bytes, 900 * MIB);
+        assert_eq!(short.free_bytes, Some(1000 * MIB));
+        // Two jobs have allocated: the reading shows 600 MiB more use and less free.
+        let t1 = t0 + Duration::from_millis(50);
+        l.push_reading(reading(400 * MIB, 700 * MIB, t1));
+        assert_eq!(l.hidden_bytes(0, t1), 300 * MIB);
+        assert!(l.check(0, 100 * MIB, 0, t1).is_ok());
+        assert!(l.check(0, 101 * MIB, 0, t1).is_err());
+        // Memory dipped again mid-job: the uncovered part is hidden again.
+        l.push_reading(reading(700 * MIB, 400 * MIB, t1));
+        assert_eq!(l.hidden_bytes(0, t1), 600 * MIB);
+        // After the settle time every reservation counts as visible.
+        assert_eq!(l.hidden_bytes(0, t0 + Duration::from_secs(5)), 0);
+        for id in 0..3 {
+            l.release(0, id);
+        }
+        assert_eq!(l.reserved_bytes(0), 0);
+        assert_eq!(l.reservation_count(0), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_reading_or_a_stale_one_is_reported_as_none() {
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        assert_eq!(l.check(0, 1, 0, t0).unwrap_err().free_bytes, None);
+        l.push_reading(reading(1000, 0, t0));
+        assert!(l.check(0, 1, 0, t0 + Duration::from_secs(1)).is_ok());
+        let late = l.check(0, 1, 0, t0 + Duration::from_millis(1001));
+        assert_eq!(late.unwrap_err().free_bytes, None);
+        l.push_reading(reading(1000, 0, t0));
+        l.clear_reading(0);
+        assert!(l.check(0, 1, 0, t0).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_old_comparison_ignores_reservations() {
+        let mut l = Ledger::new(LedgerSettings {
+            ignore_reservations: true,
+            ..LedgerSettings::default()
+        });
+        let t0 = Instant::now();
+        l.push_reading(reading(1000 * MIB, 0, t0));
+        for id in 0..10 {
+            assert!(l.check(0, 300 * MIB, 0, t0).is_ok());
+            l.reserve(id, 0, 0, "up", 300 * MIB, None, t0);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_job_reports_its_peak_above_the_idle_floor() {
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
+        l.reserve(1, 2, 0, "up", 300 * MIB, Some(4.0), t0);
+        for used in [150, 520, 480] {
+            l.push_reading(reading(1000 * MIB, used * MIB, t0));
+        }
+        let s = l.release(0, 1).unwrap();
+        assert_eq!((s.lane, s.peak_bytes), (2, 420 * MIB));
+        assert_eq!(s.audio_seconds, Some(4.0));
+        // Overlapping jobs on one upstream cannot be told apart: no sample.
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
+        l.reserve(2, 0, 0, "up", 300 * MIB, None, t0);
+        l.reserve(3, 0, 0, "up", 300 * MIB, None, t0);
+        l.push_reading(reading(1000 * MIB, 700 * MIB, t0));
+        assert!(l.release(0, 2).is_none());
+        assert!(l.release(0, 3).is_none());
+    }
+
+    #[test]
+    fn learner_takes_the_high_quantile_after_min_samples() {
+        let mut learner = Learner::default();
+        for (i, peak) in [600u64, 590, 610, 605, 595, 600, 620, 598]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(learner.learned().is_some(), i >= 8, "after {i} samples");
+            learner.add(peak * MIB, None, 0, 0.9, 8);
+        }
+        let need = learner.learned().unwrap();
+        assert_eq!(need.bytes_per_job, 620 * MIB);
+        assert_eq!((need.bytes_per_audio_second, need.samples), (0, 8));
+    }
+
+    #[test]
+    fn learner_fits_a_slope_when_clip_lengths_vary() {
+        let mut learner = Learner::default();
+        // 200 MiB per job plus 10 MiB per second, exactly.
+        for s in [1.0, 5.0, 10.0, 20.0, 30.0] {
+            learner.add(
+                ((200.0 + 10.0 * s) * MIB as f64) as u64,
+                Some(s),
+                MIB,
+                0.95,
+                5,
+            );
+        }
+        let need = learner.learned().unwrap();
+        assert_eq!(need.bytes_per_audio_second, 10 * MIB);
+        assert!(need.bytes_per_job.abs_diff(200 * MIB) < MIB, "{need:?}");
+        // A job of unknown length cannot be split when there is a per-second part.
+        learner.add(900 * MIB, None, MIB, 0.95, 5);
+        assert_eq!(learner.seen(), 5);
+    }
+
+    #[test]
+    fn a_loaded_figure_holds_until_enough_new_samples() {
+        let loaded = LearnedNeed {
+            bytes_per_job: 7,
+            bytes_per_audio_second: 0,
+            samples: 40,
+        };
+        let mut learner = Learner::with_loaded(loaded);
+        assert_eq!(learner.learned(), Some(loaded));
+        learner.add(100, None, 0, 0.95, 2);
+        assert_eq!(learner.learned(), Some(loaded));
+        learner.add(100, None, 0, 0.95, 2);
+        assert_eq!(learner.learned().unwrap().bytes_per_job, 100);
+    }
+}
