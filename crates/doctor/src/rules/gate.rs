@@ -106,6 +106,7 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("failed to allocate graph", LLAMA),
     ("kv_cache_init", LLAMA),
     ("KV buffer", LLAMA),
+    ("llama_kv_cache: size", LLAMA),
     // Ollama
     ("gpu has too little memory", OLLAMA),
     ("model requires more system memory", OLLAMA),
