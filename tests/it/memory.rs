@@ -27,12 +27,13 @@ struct AllocUpstream {
 }
 
 impl AllocUpstream {
-    fn start(mib: u64, hold_ms: u64) -> AllocUpstream {
+    fn start(mib: u64, hold_ms: u64, alloc_delay_ms: u64) -> AllocUpstream {
         let python = std::env::var("HEADROOM_PYTHON").unwrap_or_else(|_| "python3".into());
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/alloc_upstream.py");
         let mut child = Command::new(python)
             .arg(script)
             .args(["--mib", &mib.to_string(), "--hold-ms", &hold_ms.to_string()])
+            .args(["--alloc-delay-ms", &alloc_delay_ms.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -132,8 +133,8 @@ paths = ["/v1/audio/transcriptions"]
 upstreams = ["{upstream}"]
 max_inflight = 5
 max_queue = 30
-queue_timeout = "40s"
-request_timeout = "60s"
+queue_timeout = "90s"
+request_timeout = "120s"
 policy = "queue"
 gpu_memory_per_job = "{per_job}"
 learn = {learn}
@@ -251,8 +252,15 @@ async fn run_burst(g: &Running, up: &AllocUpstream, n: usize, capacity: u64) -> 
     let base = format!("http://{}", g.addr);
     wait_for_reading(&base, capacity).await;
     up.reset().await;
+    let started = Instant::now();
     let statuses = burst(&base, n).await;
     let stats = up.stats().await;
+    eprintln!(
+        "burst of {n}: {:?}, upstream saw {} jobs, at most {} at once",
+        started.elapsed(),
+        stats["jobs"],
+        stats["max_concurrent_jobs"]
+    );
     BurstResult {
         max_concurrent_bytes: stats["max_concurrent_bytes"].as_u64().unwrap(),
         statuses,
@@ -295,7 +303,9 @@ async fn check_outcomes_and_zero(g: &Running, r: &BurstResult) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn burst_of_jobs_never_overcommits_the_pool_and_the_old_comparison_does() {
     let _serial = SERIAL.lock().await;
-    let up = AllocUpstream::start(300, 1000);
+    // Jobs allocate 300 ms after they arrive (decoding first, as engines do): the window in
+    // which no reading can show a job just admitted.
+    let up = AllocUpstream::start(300, 1000, 300);
     let pool = Pool::new("300MiB");
     let (capacity, margin) = (pool.capacity_mib * MIB, pool.margin_mib * MIB);
 
@@ -352,7 +362,7 @@ async fn learned_need_follows_the_real_peak_and_survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let calibration = dir.path().join("calibration.json");
     // The real per-job peak is 300 MiB; the lane is configured with half of it.
-    let up = AllocUpstream::start(300, 400);
+    let up = AllocUpstream::start(300, 400, 100);
     let mut pool = Pool::new("150MiB");
     pool.learn = true;
     pool.calibration = Some(calibration.clone());
@@ -507,7 +517,7 @@ async fn slowest_of_best_round(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn failing_or_hanging_probe_follows_fail_open_and_blocks_no_request() {
     let _serial = SERIAL.lock().await;
-    let up = AllocUpstream::start(1, 0);
+    let up = AllocUpstream::start(1, 0, 0);
     let pool = HostPool::new(2 << 30);
     let probe = Arc::new(Unreliable {
         pool: pool.clone(),
@@ -560,7 +570,7 @@ async fn failing_or_hanging_probe_follows_fail_open_and_blocks_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_probe_is_never_called_on_the_request_path() {
     let _serial = SERIAL.lock().await;
-    let up = AllocUpstream::start(1, 0);
+    let up = AllocUpstream::start(1, 0, 0);
     let pool = HostPool::new(2 << 30);
     let probe = Arc::new(Unreliable {
         pool: pool.clone(),

@@ -3,13 +3,17 @@ really allocates (and touches) N MiB of host memory for T ms, frees it, then ans
 the largest sum of memory it ever held for jobs at once, so a test can check that the gateway
 never let more in than the pool has room for.
 
-Usage: python3 alloc_upstream.py --mib 300 --hold-ms 1000   (prints "port N" once listening)
+Usage: python3 alloc_upstream.py --mib 300 --hold-ms 1000 [--alloc-delay-ms 300]
+(prints "port N" once listening). --alloc-delay-ms waits before allocating, the way an engine
+decodes and preprocesses before its memory grows: the window in which a reading cannot show a job
+that was just admitted.
 GET /stats -> {"max_concurrent_bytes", "current_bytes", "jobs", "max_concurrent_jobs"};
 POST /reset clears the maxima; GET /health -> {"status": "ok"}.
 A request header x-alloc-mib overrides --mib for that job.
 """
 
 import argparse
+import ctypes
 import json
 import sys
 import threading
@@ -62,6 +66,7 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(404, {"error": "no such route"})
             return
         size = int(float(self.headers.get("x-alloc-mib") or ARGS.mib) * MIB)
+        time.sleep(ARGS.alloc_delay_ms / 1000.0)
         with lock:
             state["current_bytes"] += size
             state["current_jobs"] += 1
@@ -71,8 +76,10 @@ class Handler(BaseHTTPRequestHandler):
             state["max_concurrent_jobs"] = max(state["max_concurrent_jobs"],
                                                state["current_jobs"])
         try:
-            # Multiplying a one-byte bytes object fills (touches) every page: real resident memory.
-            block = b"\x01" * size
+            # Fill (touch) every page, so the memory is really resident; ctypes drops the GIL
+            # for the memset, so concurrent jobs allocate at the same time.
+            block = bytearray(size)
+            ctypes.memset((ctypes.c_char * size).from_buffer(block), 1, size)
             time.sleep(ARGS.hold_ms / 1000.0)
             del block
         finally:
@@ -87,6 +94,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=float, default=300)
     parser.add_argument("--hold-ms", type=int, default=1000)
+    parser.add_argument("--alloc-delay-ms", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
     ARGS = parser.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

@@ -211,19 +211,29 @@ fn reading(
         .iter()
         .filter_map(|url| {
             let root = *roots.get(url)?;
+            // An owner whose use cannot be seen is left out rather than read as 0: its
+            // reservations stay hidden until they settle, and it yields no learning samples.
             let used = match memory.probe {
+                // A member whose root exited is listed with 0.
                 ProbeKind::Host => d
                     .processes
                     .iter()
                     .find(|p| &p.name == url)
-                    .map(|p| p.used_bytes)?,
+                    .map(|p| p.used_bytes)
+                    .filter(|b| *b > 0)?,
+                // NVML lists no processes in some containers: then nothing of the tree shows.
                 ProbeKind::Nvml => {
                     let tree = process_tree(root);
-                    d.processes
+                    let mine: Vec<u64> = d
+                        .processes
                         .iter()
                         .filter(|p| tree.contains(&p.pid))
                         .map(|p| p.used_bytes)
-                        .sum()
+                        .collect();
+                    if mine.is_empty() {
+                        return None;
+                    }
+                    mine.iter().sum()
                 }
             };
             Some((url.clone(), used))
@@ -311,6 +321,49 @@ pub fn load_learned(path: &Path) -> Result<Vec<(String, LearnedNeed)>, Calibrati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_are_read_from_their_rows_and_unseen_ones_left_out() {
+        use headroom_gpu::ProcessMemory;
+        let me = std::process::id();
+        let urls = vec!["http://a:1".to_string(), "http://b:2".to_string()];
+        let roots: HashMap<String, u32> = [(urls[0].clone(), me), (urls[1].clone(), 1)].into();
+        let mut d = DeviceSnapshot::with_memory(0, 1000, 400);
+        d.processes = vec![
+            ProcessMemory {
+                pid: me,
+                name: urls[0].clone(),
+                used_bytes: 300,
+            },
+            ProcessMemory {
+                pid: 1,
+                name: urls[1].clone(),
+                used_bytes: 0,
+            },
+        ];
+        let host = MemoryConfig {
+            probe: ProbeKind::Host,
+            capacity: Some(1000),
+            ..MemoryConfig::default()
+        };
+        let r = reading(&d, &host, &urls, &roots, Instant::now());
+        assert_eq!(r.owners, vec![(urls[0].clone(), 300)]);
+        assert_eq!((r.total_bytes, r.free_bytes), (1000, 600));
+        // NVML with a capacity cap: free within the cap; this process's tree is found by pid.
+        let nvml = MemoryConfig {
+            capacity: Some(500),
+            ..MemoryConfig::default()
+        };
+        let r = reading(&d, &nvml, &urls, &roots, Instant::now());
+        assert_eq!((r.total_bytes, r.free_bytes), (500, 100));
+        assert_eq!(r.owners[0], (urls[0].clone(), 300));
+        d.processes.clear();
+        assert!(
+            reading(&d, &nvml, &urls, &roots, Instant::now())
+                .owners
+                .is_empty()
+        );
+    }
 
     #[test]
     fn learned_needs_survive_a_save_and_load() {
