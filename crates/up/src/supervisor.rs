@@ -1098,6 +1098,12 @@ async fn keep(
     }
 }
 
+/// Whether `now` is past the measured `peak` by more than `margin` (a fraction of the peak).
+/// A backend never measured (peak 0) never drifts.
+pub fn drifted(now: u64, peak: u64, margin: f64) -> bool {
+    peak > 0 && now as f64 > peak as f64 * (1.0 + margin)
+}
+
 /// Every 250 ms: each backend's current memory into the report, and a log line the first time
 /// one grows past its measured peak by more than the drift margin.
 async fn monitor(ctx: Arc<Ctx>) {
@@ -1114,8 +1120,8 @@ async fn monitor(ctx: Arc<Ctx>) {
         for (name, pid, peak, state) in rows {
             let Some(pid) = pid else { continue };
             let now = ctx.meter.now_bytes(pid);
-            let limit = peak as f64 * (1.0 + ctx.config.drift_margin);
-            let drifted = state == BackendState::Ready && peak > 0 && now as f64 > limit;
+            let drifted =
+                state == BackendState::Ready && drifted(now, peak, ctx.config.drift_margin);
             if drifted && !reported.get(&name).copied().unwrap_or(false) {
                 ctx.say(&format!(
                     "up: [{name}] warning: memory {} is past its measured peak {} by more than {:.0} %: the measured residency drifted",
@@ -1132,5 +1138,22 @@ async fn monitor(ctx: Arc<Ctx>) {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drifted;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn drift_is_growth_past_the_peak_by_more_than_the_margin() {
+        // Peak 200 MiB, margin 10 %: 220 MiB is the line.
+        assert!(!drifted(150 * MIB, 200 * MIB, 0.1));
+        assert!(!drifted(220 * MIB, 200 * MIB, 0.1));
+        assert!(drifted(221 * MIB, 200 * MIB, 0.1));
+        assert!(drifted(201 * MIB, 200 * MIB, 0.0));
+        assert!(!drifted(900 * MIB, 0, 0.1), "never measured");
     }
 }
