@@ -3,6 +3,8 @@
 pub mod bench;
 pub mod doctor;
 pub mod plan;
+pub mod plan_layout;
+pub mod plan_llamacpp;
 pub mod serve;
 pub mod soak;
 pub mod top;

@@ -21,8 +21,19 @@ pub enum Format {
     Shell,
 }
 
+/// Which engine `plan` sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Engine {
+    #[default]
+    Vllm,
+    Llamacpp,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct PlanArgs {
+    /// vllm, or llamacpp (llama.cpp / llama-server: GGUF, --n-gpu-layers partial offload).
+    #[arg(long, value_enum, default_value_t = Engine::Vllm)]
+    pub engine: Engine,
     /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
     #[arg(long)]
     pub model: String,
@@ -55,6 +66,13 @@ pub struct PlanArgs {
     pub quantization: Option<String>,
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     pub tensor_parallel_size: u64,
+    /// Decoder layers split over this many GPUs (vLLM --pipeline-parallel-size); figures per GPU.
+    #[arg(long, visible_alias = "pp", default_value_t = 1)]
+    pub pipeline_parallel_size: u64,
+    /// The vLLM release to reproduce (0.6.3, 0.8.5, latest): older ones profile and charge
+    /// memory differently.
+    #[arg(long, default_value = "latest")]
+    pub vllm_version: String,
     /// Memory for another tenant: NAME=SIZE, or a catalog profile (whisper-large-v3). Repeatable.
     #[arg(long)]
     pub reserve: Vec<String>,
@@ -84,6 +102,17 @@ pub struct PlanArgs {
     pub disable_hybrid_kv_cache_manager: bool,
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// With --max-num-seqs/--target-concurrency: take the largest safe utilization instead of a
+    /// KV pool sized to the bound (the pre-v2 behaviour).
+    #[arg(long)]
+    pub fill: bool,
+    /// Extra KV a right-sized pool keeps for prefix caching: a fraction (0.25) or percent (25%).
+    #[arg(long, default_value = "25%")]
+    pub kv_slack: String,
+    #[command(flatten)]
+    pub llamacpp: super::plan_llamacpp::LlamaCppArgs,
+    #[command(flatten)]
+    pub layout: super::plan_layout::LayoutArgs,
 }
 
 /// Token counts: `16384`, `16k`, `128K`.
@@ -287,17 +316,112 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.safety_margin_bytes = parse_size(&args.safety_margin).context("invalid --safety-margin")?;
     req.audio_minutes = args.audio_minutes;
     req.target_concurrency = args.target_concurrency;
+    req.fill = args.fill;
+    req.pipeline_parallel_size = args.pipeline_parallel_size;
+    req.vllm_version =
+        headroom_plan::VllmVersion::parse(&args.vllm_version).with_context(|| {
+            format!(
+                "invalid --vllm-version '{}': use a release such as 0.6.3 or 0.10.1, or latest",
+                args.vllm_version
+            )
+        })?;
+    req.kv_slack = parse_fraction("kv-slack", &args.kv_slack)?;
     Ok(req)
+}
+
+/// `0.25` or `25%`.
+fn parse_fraction(flag: &str, text: &str) -> anyhow::Result<f64> {
+    let t = text.trim();
+    let v = match t.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|x| x / 100.0),
+        None => t.parse::<f64>(),
+    };
+    match v {
+        Ok(x) if x.is_finite() && (0.0..=4.0).contains(&x) => Ok(x),
+        _ => bail!(
+            "invalid --{flag} '{text}': expected a fraction such as 0.25 or a percent such as 25%"
+        ),
+    }
+}
+
+/// `serve`'s lane limits; a speech model is the audio lane itself.
+fn render_lanes(plan: &Plan) -> String {
+    if plan.lanes.lane == "audio" {
+        format!(
+            "headroom serve audio lane (this model): max_inflight = {} (whole {}-token sequences the KV pool holds)\n",
+            plan.lanes.audio_max_inflight,
+            thousands(plan.max_model_len)
+        )
+    } else {
+        format!(
+            "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}\n",
+            plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
+        )
+    }
+}
+
+/// The right-sizing lines: the pool for the bound, and what it leaves the co-tenants.
+fn render_sizing(plan: &Plan) -> String {
+    let mut out = String::new();
+    if plan.sizing_mode == "right_sized" {
+        let _ = writeln!(
+            out,
+            "right-sized: --kv-cache-memory {} ({:.2} GiB) = {} sequences × {} tokens in whole blocks + {:.0} % slack for prefix caching (--kv-slack; --fill for the largest safe utilization)",
+            plan.kv_cache_memory_bytes,
+            gib(plan.kv_cache_memory_bytes),
+            plan.max_num_seqs
+                .min(plan.target.as_ref().map_or(u64::MAX, |t| t.concurrency)),
+            thousands(plan.max_model_len),
+            plan.kv_slack * 100.0
+        );
+    }
+    let reserved = plan.reservations.iter().map(|r| r.bytes).sum::<u64>();
+    let _ = writeln!(
+        out,
+        "headroom for {}: {:.2} GiB left beside vLLM ({:.2} GiB reserved, {:.2} GiB spare)",
+        if plan.lanes.lane == "audio" {
+            "other tenants"
+        } else {
+            "audio"
+        },
+        gib(plan.headroom_bytes),
+        gib(reserved),
+        gib(plan.headroom_bytes.saturating_sub(reserved))
+    );
+    out
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let req = request(&args)?;
+    if args.engine == Engine::Llamacpp {
+        return super::plan_llamacpp::run(&args, &req);
+    }
+    if args.llamacpp.any_given() {
+        bail!(
+            "--ctx-size, --parallel, --n-gpu-layers and the other llama.cpp flags need --engine llamacpp"
+        );
+    }
     let resolved = resolve_model(&args.model, &Env::from_process())?;
     let plan = make_plan(&resolved.spec, &req)?;
+    let layout = super::plan_layout::layout(&plan, &args.layout)?;
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
-        Format::Shell => println!("{}", command_line(&plan)),
-        Format::Table => print!("{}", render_table(&plan)),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&super::plan_layout::json_with_layout(
+                &plan,
+                layout.as_ref()
+            )?)?
+        ),
+        Format::Shell => match &layout {
+            Some(l) => println!("{}", l.launch_lines.join("\n")),
+            None => println!("{}", command_line(&plan)),
+        },
+        Format::Table => {
+            print!("{}", render_table(&plan));
+            if let Some(l) = &layout {
+                print!("{}", super::plan_layout::render_layout(&plan, l));
+            }
+        }
     }
     if plan.fits {
         Ok(ExitCode::SUCCESS)
@@ -411,6 +535,7 @@ pub fn render_table(plan: &Plan) -> String {
         plan.kv_cache_memory_bytes,
         gib(plan.kv_cache_memory_bytes)
     );
+    out.push_str(&render_sizing(plan));
     if let Some(a) = &plan.audio {
         let _ = writeln!(
             out,
@@ -485,11 +610,7 @@ pub fn render_table(plan: &Plan) -> String {
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "{}", command_line(plan));
-    let _ = writeln!(
-        out,
-        "headroom serve lanes: text max_inflight = {}, max_queue = {}; audio max_inflight = {}",
-        plan.lanes.text_max_inflight, plan.lanes.text_max_queue, plan.lanes.audio_max_inflight
-    );
+    out.push_str(&render_lanes(plan));
     for w in &plan.warnings {
         let _ = writeln!(out, "note: {w}");
     }

@@ -6,6 +6,8 @@ mod bench;
 mod doctor;
 mod memory;
 mod plan;
+mod plan_llamacpp;
+mod plan_v2;
 mod serve;
 mod serve_upstream;
 mod top;

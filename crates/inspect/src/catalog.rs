@@ -37,6 +37,12 @@ pub struct CatalogModel {
     /// same architecture).
     #[serde(default)]
     pub inherits: Option<String>,
+    /// Parameters outside the decoder (VibeVoice's audio tokenizers, connectors and heads) and the
+    /// dtype the serving engine holds them in, when it differs from the checkpoint's.
+    #[serde(default)]
+    pub extra_params: Option<u64>,
+    #[serde(default)]
+    pub extra_dtype: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -153,6 +159,16 @@ pub fn model_spec(m: &CatalogModel) -> Result<ModelSpec, InspectError> {
             bytes,
             origin: WeightsOrigin::Catalog,
         });
+    }
+    if let Some(n) = m.extra_params {
+        spec.extra_params = n;
+    }
+    if let Some(d) = m.extra_dtype.as_deref() {
+        spec.extra_dtype =
+            headroom_plan::Dtype::parse(d).ok_or_else(|| InspectError::Malformed {
+                file: "catalog models.json".into(),
+                reason: format!("{}: unknown extra_dtype '{d}'", m.id),
+            })?;
     }
     Ok(spec)
 }

@@ -92,6 +92,50 @@ fn dtype_of(root: &Obj, text: &Obj) -> Dtype {
         .unwrap_or(Dtype::Bf16)
 }
 
+/// Adds what `quantization_config` leaves unquantized: bitsandbytes double quantization and the
+/// decoder modules named in `modules_to_not_convert` / `llm_int8_skip_modules` / `ignore`
+/// (a pattern with `layers.N.` names one layer, without it every layer; `lm_head`, routers and
+/// embeddings are already kept wide).
+fn with_unconverted(mut quant: Quantization, root: &Obj, text: &Obj, layers: u64) -> Quantization {
+    let Some(Value::Object(q)) = root
+        .get("quantization_config")
+        .or(text.get("quantization_config"))
+    else {
+        return quant;
+    };
+    quant.double_quant = b(q, "bnb_4bit_use_double_quant").unwrap_or(false);
+    let names: Vec<&str> = ["modules_to_not_convert", "llm_int8_skip_modules", "ignore"]
+        .iter()
+        .filter_map(|k| q.get(*k)?.as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let count = |is: &dyn Fn(&str) -> bool| -> u64 {
+        let mut indexed = std::collections::BTreeSet::new();
+        for n in names.iter().filter(|n| is(n)) {
+            let idx = n
+                .split("layers.")
+                .nth(1)
+                .and_then(|r| r.split('.').next())
+                .and_then(|i| i.parse::<u64>().ok());
+            match idx {
+                Some(i) => {
+                    indexed.insert(i);
+                }
+                None => return layers,
+            }
+        }
+        (indexed.len() as u64).min(layers)
+    };
+    quant.unconverted_attention_layers =
+        count(&|n: &str| n.contains("self_attn") || n.contains("attention"));
+    quant.unconverted_mlp_layers = count(&|n: &str| {
+        (n.contains("mlp") || n.contains("feed_forward") || n.contains("experts"))
+            && !n.ends_with("gate")
+    });
+    quant
+}
+
 fn quantization_of(root: &Obj, text: &Obj) -> Quantization {
     let q = match root
         .get("quantization_config")
@@ -159,6 +203,7 @@ fn quantization_of(root: &Obj, text: &Obj) -> Quantization {
         scheme,
         group_size,
         experts_only,
+        ..Quantization::NONE
     }
 }
 
@@ -360,7 +405,7 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         num_sliding_layers,
         mla,
         moe: moe_of(text, layers, intermediate),
-        quantization: quantization_of(root, text),
+        quantization: with_unconverted(quantization_of(root, text), root, text, layers),
         encoder_decoder: None,
         audio_tokenizer,
         extra_params: vision_params(root),
@@ -423,6 +468,37 @@ fn whisper_spec(
         extra_dtype: dtype,
         exact_weights: None,
     })
+}
+
+#[cfg(test)]
+mod unconverted_tests {
+    use super::*;
+
+    #[test]
+    fn modules_left_unconverted_are_counted_per_layer() {
+        let cfg = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128,
+            "quantization_config": {
+                "quant_method": "fp8",
+                "modules_to_not_convert": ["lm_head", "model.layers.0.self_attn", "model.layers.3.self_attn", "model.layers.1.mlp"]
+            }
+        });
+        let spec = spec_from_config("m", "c.json", &cfg).unwrap();
+        assert_eq!(spec.quantization.unconverted_attention_layers, 2);
+        assert_eq!(spec.quantization.unconverted_mlp_layers, 1);
+        let cfg = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "vocab_size": 100,
+            "quantization_config": {
+                "quant_method": "bitsandbytes", "load_in_4bit": true,
+                "bnb_4bit_use_double_quant": true, "llm_int8_skip_modules": ["self_attn"]
+            }
+        });
+        let spec = spec_from_config("m", "c.json", &cfg).unwrap();
+        assert!(spec.quantization.double_quant);
+        assert_eq!(spec.quantization.unconverted_attention_layers, 4);
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 pub mod catalog;
 pub mod config;
 pub mod gguf;
+pub mod llamacpp;
 pub mod resolve;
 pub mod safetensors;
 

@@ -17,4 +17,4 @@ mod properties;
 
 pub use kv::{KvCacheDtype, KvLayout, KvSettings};
 pub use spec::*;
-pub use vllm::{Failure, Plan, PlanError, PlanRequest, Reservation, plan};
+pub use vllm::{Failure, Plan, PlanError, PlanRequest, Reservation, VllmVersion, plan};

@@ -29,6 +29,9 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::spec::ModelSpec;
+use crate::weights::param_counts;
+
 /// Padding llama.cpp applies to the context and to each sequence's cells.
 pub const CTX_PAD: u64 = 256;
 /// llama.cpp's default `--batch-size`.
@@ -149,6 +152,10 @@ pub struct LlamaCppModel {
     /// `output.weight` + `output_norm.weight`; with tied embeddings llama.cpp duplicates
     /// `token_embd` for the output layer, so this is that size again.
     pub output_bytes: u64,
+    /// The output layer reuses `token_embd` (no `output.weight`): on the host it is the same
+    /// mapped tensor (no extra bytes), on the GPU a copy.
+    #[serde(default)]
+    pub output_tied: bool,
 }
 
 impl LlamaCppModel {
@@ -159,11 +166,14 @@ impl LlamaCppModel {
         }
     }
 
-    /// Every tensor's bytes: what the GGUF holds (tied output counted once more).
+    /// Every tensor's bytes as the GGUF holds them (a tied output is not stored twice).
     pub fn weights_bytes(&self) -> u64 {
-        (0..self.n_layer).map(|il| self.layer(il)).sum::<u64>()
-            + self.token_embd_bytes
-            + self.output_bytes
+        let output = if self.output_tied {
+            self.output_bytes.saturating_sub(self.token_embd_bytes)
+        } else {
+            self.output_bytes
+        };
+        (0..self.n_layer).map(|il| self.layer(il)).sum::<u64>() + self.token_embd_bytes + output
     }
 
     fn n_embd_k_gqa(&self) -> u64 {
@@ -172,6 +182,123 @@ impl LlamaCppModel {
 
     fn n_embd_v_gqa(&self) -> u64 {
         self.n_head_kv * self.head_dim_v
+    }
+}
+
+/// Uniform GGUF weight types for models known only by their shape (bits from ggml's block
+/// sizes: q4_K stores 256 weights in 144 bytes, q6_K in 210, q8_0 32 in 34).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightType {
+    F16,
+    Bf16,
+    Q8_0,
+    Q6K,
+    Q5K,
+    Q4K,
+    Q4_0,
+}
+
+impl WeightType {
+    pub const ALL: [WeightType; 7] = [
+        WeightType::F16,
+        WeightType::Bf16,
+        WeightType::Q8_0,
+        WeightType::Q6K,
+        WeightType::Q5K,
+        WeightType::Q4K,
+        WeightType::Q4_0,
+    ];
+
+    /// `(weights per block, bytes per block)`.
+    pub fn block(self) -> (u64, u64) {
+        match self {
+            WeightType::F16 | WeightType::Bf16 => (1, 2),
+            WeightType::Q8_0 => (32, 34),
+            WeightType::Q6K => (256, 210),
+            WeightType::Q5K => (256, 176),
+            WeightType::Q4K => (256, 144),
+            WeightType::Q4_0 => (32, 18),
+        }
+    }
+
+    /// Bytes of `params` weights, rounded up to whole blocks.
+    pub fn bytes(self, params: u64) -> u64 {
+        let (blk, bytes) = self.block();
+        params.div_ceil(blk) * bytes
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F16 => "f16",
+            WeightType::Bf16 => "bf16",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q6K => "q6_k",
+            WeightType::Q5K => "q5_k",
+            WeightType::Q4K => "q4_k",
+            WeightType::Q4_0 => "q4_0",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WeightType> {
+        let s = s.trim().to_ascii_lowercase();
+        let s = s
+            .strip_suffix("_m")
+            .or_else(|| s.strip_suffix("_s"))
+            .unwrap_or(&s);
+        WeightType::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+impl LlamaCppModel {
+    /// The llama.cpp shape of a model described by its Hugging Face config, with every weight
+    /// matrix stored as `weights` (an estimate: real GGUF mixes keep some tensors wider).
+    pub fn from_spec(spec: &ModelSpec, weights: WeightType) -> LlamaCppModel {
+        let p = param_counts(spec);
+        let layers = spec.num_layers.max(1);
+        // `small` holds two norms per layer and the final norm (kept with the output layer).
+        let final_norm = spec.hidden_size;
+        let per_layer =
+            (p.attention + p.dense_mlp + p.experts + p.small.saturating_sub(final_norm)) / layers;
+        let (n_head_kv, head_dim_k, head_dim_v, mla) = match spec.mla {
+            Some(m) => (1, m.kv_lora_rank + m.qk_rope_head_dim, 0, true),
+            None => (spec.num_kv_heads, spec.head_dim, spec.head_dim_v, false),
+        };
+        let n_ff = match spec.moe {
+            Some(m) => {
+                m.expert_intermediate_size * m.experts_per_token
+                    + m.shared_intermediate_size * m.num_shared_experts
+            }
+            None => spec.intermediate_size,
+        };
+        let embd = weights.bytes(p.embedding);
+        LlamaCppModel {
+            name: spec.name.clone(),
+            n_layer: spec.num_layers,
+            n_embd: spec.hidden_size,
+            n_ff,
+            n_head: spec.num_attention_heads,
+            n_head_kv,
+            head_dim_k,
+            head_dim_v,
+            n_vocab: spec.vocab_size,
+            n_ctx_train: spec.max_position_embeddings,
+            n_swa: spec.sliding_window.unwrap_or(0),
+            n_swa_layers: if spec.sliding_window.is_some() {
+                spec.num_sliding_layers
+            } else {
+                0
+            },
+            mla,
+            layer_bytes: vec![weights.bytes(per_layer); spec.num_layers as usize],
+            token_embd_bytes: embd,
+            output_bytes: if spec.tie_word_embeddings {
+                embd
+            } else {
+                weights.bytes(p.lm_head)
+            },
+            output_tied: spec.tie_word_embeddings,
+        }
     }
 }
 
@@ -370,8 +497,9 @@ pub fn compute_buffer_bytes(
 pub fn try_plan(req: &LlamaCppRequest) -> Result<LlamaCppPlan, LlamaCppError> {
     validate(req)?;
     let m = &req.model;
+    // `--ctx-size 0` takes the training context for all sequences together.
     let ctx = if req.ctx_size == 0 {
-        m.n_ctx_train.max(1) * if req.kv_unified { 1 } else { req.parallel }
+        m.n_ctx_train.max(1)
     } else {
         req.ctx_size
     };
@@ -415,6 +543,9 @@ pub fn try_plan(req: &LlamaCppRequest) -> Result<LlamaCppPlan, LlamaCppError> {
     }
     if output_on_gpu {
         w_gpu += m.output_bytes;
+    } else if m.output_tied {
+        // The duplicated token_embd is the same mapped tensor; only the norm is extra.
+        w_host += m.output_bytes.saturating_sub(m.token_embd_bytes);
     } else {
         w_host += m.output_bytes;
     }
@@ -564,6 +695,7 @@ mod tests {
             layer_bytes: vec![3_000_000; 30],
             token_embd_bytes: 20_000_000,
             output_bytes: 20_000_000,
+            output_tied: true,
         }
     }
 
@@ -585,6 +717,7 @@ mod tests {
             layer_bytes: vec![200 * MIB; 32],
             token_embd_bytes: 400 * MIB,
             output_bytes: 500 * MIB,
+            output_tied: false,
         }
     }
 
@@ -664,6 +797,20 @@ mod tests {
     }
 
     #[test]
+    fn a_tied_output_costs_nothing_on_the_host_and_a_copy_on_the_gpu() {
+        let mut req = LlamaCppRequest::new(smollm2());
+        req.ctx_size = 2048;
+        req.n_gpu_layers = Some(0);
+        let cpu = plan(&req);
+        // 30 layers × 3 MB + the 20 MB embedding table, held once.
+        assert_eq!(cpu.weights_host_bytes, 30 * 3_000_000 + 20_000_000);
+        req.n_gpu_layers = Some(1);
+        let one = plan(&req);
+        assert_eq!(one.weights_gpu_bytes, 20_000_000);
+        assert_eq!(one.weights_host_bytes, 30 * 3_000_000 + 20_000_000);
+    }
+
+    #[test]
     fn sliding_window_layers_hold_window_plus_ubatch() {
         let mut m = llama8b();
         m.n_swa = 1024;
@@ -722,6 +869,18 @@ mod tests {
         assert!(plan(&r).gpu_bytes <= budget);
         r.n_gpu_layers = Some(n + 1);
         assert!(plan(&r).gpu_bytes > budget);
+    }
+
+    #[test]
+    fn catalog_shapes_become_uniform_gguf_weights() {
+        let spec = ModelSpec::dense("llama", 4096, 14_336, 32, 32, 8, 128_256);
+        let m = LlamaCppModel::from_spec(&spec, WeightType::Q4K);
+        // Attention: q and o 4096², k and v 4096 × 1024; MLP 3 × 4096 × 14,336; two norms.
+        let per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14_336 + 2 * 4096;
+        assert_eq!(m.layer_bytes[0], (per_layer as u64).div_ceil(256) * 144);
+        assert_eq!(m.token_embd_bytes, (128_256u64 * 4096).div_ceil(256) * 144);
+        assert_eq!((m.n_head_kv, m.head_dim_k, m.n_ff), (8, 128, 14_336));
+        assert_eq!(WeightType::parse("Q4_K_M"), Some(WeightType::Q4K));
     }
 
     #[test]

@@ -122,6 +122,16 @@ pub struct Quantization {
     pub group_size: u64,
     /// When true only the MoE expert weights are quantized (gpt-oss's mxfp4 layout).
     pub experts_only: bool,
+    /// bitsandbytes `bnb_4bit_use_double_quant`: the fp32 absmax of every 64 weights is itself
+    /// quantized to 8 bits, with one fp32 constant per 256 of them.
+    #[serde(default)]
+    pub double_quant: bool,
+    /// Decoder layers whose attention / MLP the checkpoint keeps in the model dtype
+    /// (`modules_to_not_convert`, `llm_int8_skip_modules`, compressed-tensors `ignore`).
+    #[serde(default)]
+    pub unconverted_attention_layers: u64,
+    #[serde(default)]
+    pub unconverted_mlp_layers: u64,
 }
 
 impl Quantization {
@@ -129,6 +139,9 @@ impl Quantization {
         scheme: QuantScheme::None,
         group_size: 128,
         experts_only: false,
+        double_quant: false,
+        unconverted_attention_layers: 0,
+        unconverted_mlp_layers: 0,
     };
 }
 

@@ -20,6 +20,10 @@ pub const DEFAULT_UTILIZATION: f64 = 0.9;
 pub const MAX_PROPOSED_UTILIZATION: f64 = 0.95;
 /// vLLM's default block size on CUDA.
 pub const DEFAULT_BLOCK_SIZE: u64 = 16;
+/// Extra KV blocks a right-sized pool keeps beyond what the bounded sequences can hold at once,
+/// as a fraction of those: room for prefix-cached blocks of finished requests to survive
+/// (vLLM frees a finished request's blocks into a cache it evicts least-recently-used first).
+pub const DEFAULT_KV_SLACK: f64 = 0.25;
 
 /// Memory set aside for another tenant of the card (an audio server, say).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +57,60 @@ pub struct PlanRequest {
     pub safety_margin_bytes: u64,
     pub audio_minutes: Option<f64>,
     pub target_concurrency: Option<u64>,
+    /// Keep the old behaviour when concurrency is bounded: the largest safe utilization instead
+    /// of a KV pool sized to the bound (`--fill`).
+    pub fill: bool,
+    /// Right-sizing slack for prefix caching, as a fraction of the bounded need (`--kv-slack`).
+    pub kv_slack: f64,
+    /// `--pipeline-parallel-size`: decoder layers split over this many stages (one GPU each,
+    /// times the tensor-parallel ranks).
+    pub pipeline_parallel_size: u64,
+    /// Which vLLM's memory accounting to reproduce (`--vllm-version`).
+    pub vllm_version: VllmVersion,
+}
+
+/// vLLM releases whose memory accounting differs (the anchors' §1.1–1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum VllmVersion {
+    /// 0.9.1 and later: `requested = util × total` must be free at start; other processes are not
+    /// charged; `--kv-cache-memory` exists; chunked prefill profiles `max_num_batched_tokens`.
+    #[default]
+    Current,
+    /// Early V1 (0.8 to 0.9.0): all non-torch memory on the device, other processes' included,
+    /// is charged to the instance; no start-up free-memory check; no `--kv-cache-memory`.
+    EarlyV1,
+    /// V0 (before 0.8): budget `util × total` minus the instance's own use, no start-up check, no
+    /// `--kv-cache-memory`; without chunked prefill the profiling pass covers `max_model_len`
+    /// tokens (`max_num_batched_tokens` defaults to `max(max_model_len, 2048)`).
+    V0,
+}
+
+impl VllmVersion {
+    /// `0.6.3`, `v0.8.5`, `0.10`, or `latest`.
+    pub fn parse(s: &str) -> Option<VllmVersion> {
+        let t = s.trim().trim_start_matches(['v', 'V']);
+        if t.eq_ignore_ascii_case("latest") || t.eq_ignore_ascii_case("current") {
+            return Some(VllmVersion::Current);
+        }
+        let mut parts = t.split('.').map(|p| p.parse::<u64>().ok());
+        let major = parts.next()??;
+        let minor = parts.next().flatten().unwrap_or(0);
+        let patch = parts.next().flatten().unwrap_or(0);
+        Some(match (major, minor, patch) {
+            (0, m, _) if m < 8 => VllmVersion::V0,
+            (0, 8, _) | (0, 9, 0) => VllmVersion::EarlyV1,
+            _ => VllmVersion::Current,
+        })
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            VllmVersion::Current => "current",
+            VllmVersion::EarlyV1 => "early_v1",
+            VllmVersion::V0 => "v0",
+        }
+    }
 }
 
 impl PlanRequest {
@@ -78,7 +136,24 @@ impl PlanRequest {
             safety_margin_bytes: 0,
             audio_minutes: None,
             target_concurrency: None,
+            fill: false,
+            kv_slack: DEFAULT_KV_SLACK,
+            pipeline_parallel_size: 1,
+            vllm_version: VllmVersion::Current,
         }
+    }
+
+    /// Sequences the user bounded concurrency to (`--target-concurrency`, else `--max-num-seqs`).
+    pub fn concurrency_bound(&self) -> Option<u64> {
+        self.target_concurrency.or(self.max_num_seqs)
+    }
+
+    /// Whether the KV pool is sized to the concurrency bound rather than to the card.
+    pub fn right_sized(&self) -> bool {
+        !self.fill
+            && self.gpu_memory_utilization.is_none()
+            && self.kv_cache_memory.is_none()
+            && self.concurrency_bound().is_some()
     }
 
     fn co_tenant_bytes(&self) -> u64 {
@@ -102,6 +177,8 @@ pub enum PlanError {
     NotAnAudioModel(String),
     #[error("--audio-minutes must be a positive number of minutes, got {0}")]
     AudioMinutes(f64),
+    #[error("--kv-slack must be between 0 and 4 (0 % to 400 %), got {0}")]
+    KvSlack(f64),
 }
 
 /// How vLLM would fail to start (or run out of memory right after), with its numbers.
@@ -221,7 +298,8 @@ pub struct Component {
 pub struct AudioContext {
     pub tokens_per_second: f64,
     pub tokens_per_minute: f64,
-    /// Minutes of audio whose tokens fit in one `max_model_len` sequence (audio tokens only).
+    /// Minutes of audio one `max_model_len` sequence holds: for speech-to-text with the
+    /// transcript allowance and prompt the sizing adds; for speech output, audio tokens only.
     pub minutes_per_sequence: f64,
     /// For `--audio-minutes`: the audio tokens, the transcript allowance and the length needed.
     pub requested_minutes: Option<f64>,
@@ -268,8 +346,13 @@ pub struct LaneHints {
     pub text_max_inflight: u64,
     /// A short queue at the gateway instead of an unbounded one inside the engine.
     pub text_max_queue: u64,
-    /// One job at a time per audio tenant (speech servers serialize requests).
+    /// One job at a time per audio tenant (speech servers serialize requests); for a planned
+    /// speech model, the whole sequences of the planned length its KV pool holds.
     pub audio_max_inflight: u64,
+    /// The lane the planned model serves: `text`, or `audio` for speech models (whose text
+    /// limits are then 0).
+    #[serde(default)]
+    pub lane: String,
 }
 
 /// A full prediction.
@@ -280,12 +363,24 @@ pub struct Plan {
     pub gpu_name: Option<String>,
     pub gpu_total_bytes: u64,
     pub tensor_parallel_size: u64,
+    pub pipeline_parallel_size: u64,
+    /// Decoder layers on the largest pipeline stage; per-GPU weights and KV are for that stage.
+    pub layers_per_stage: u64,
+    /// The vLLM accounting reproduced: `current`, `early_v1` or `v0`.
+    pub vllm_version: String,
     pub weights_bytes: u64,
     /// `exact` (from headers) or `estimated` (from the shape).
     pub weights_origin: String,
     pub quantization: String,
     pub dtype: String,
     pub kv_bytes_per_token: u64,
+    /// KV heads each tensor-parallel rank holds (`max(1, kv_heads / tp)`; 0 for MLA, whose one
+    /// latent is not split), and the KV bytes one token costs over all ranks together.
+    pub kv_heads_per_rank: u64,
+    pub kv_bytes_per_token_all_ranks: u64,
+    /// Extra bytes of components loaded wider than stored (VibeVoice tokenizers in float32),
+    /// on top of `weights_bytes` (the checkpoint's own total).
+    pub weights_upcast_bytes: u64,
     pub activation_peak_bytes: u64,
     pub non_torch_bytes: u64,
     pub cuda_graph_bytes: u64,
@@ -294,8 +389,18 @@ pub struct Plan {
     pub reserved_bytes: u64,
     pub safety_margin_bytes: u64,
     pub gpu_memory_utilization: f64,
-    /// Where the utilization came from: `given`, `default`, or `largest_safe`.
+    /// Where the utilization came from: `given`, `default`, `largest_safe`, or `right_sized`
+    /// (just above what the right-sized instance uses, so vLLM's start-up check passes).
     pub utilization_source: String,
+    /// How the KV pool was sized: `right_sized` (to the concurrency bound, passed as
+    /// `--kv-cache-memory`), `fill` (largest safe utilization), `given` (the user's
+    /// `--gpu-memory-utilization` or `--kv-cache-memory`), or `default` (no bound given).
+    pub sizing_mode: String,
+    /// Slack fraction a right-sized pool carries (0 in the other modes).
+    pub kv_slack: f64,
+    /// Memory vLLM leaves on the card for the co-tenants: total − vLLM's whole footprint (budget
+    /// or right-sized parts, CUDA graphs, context) − other processes − the safety margin.
+    pub headroom_bytes: u64,
     pub largest_safe_gpu_memory_utilization: f64,
     pub requested_bytes: u64,
     pub kv_cache_bytes: u64,
@@ -341,6 +446,9 @@ struct Resolved {
     weights_total: u64,
     weights_exact: bool,
     tp: u64,
+    pp: u64,
+    /// Decoder layers on the largest pipeline stage (all of them without PP).
+    stage_layers: u64,
     max_model_len: u64,
     max_num_seqs: u64,
     mbt: u64,
@@ -366,6 +474,7 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
             scheme: q,
             group_size: spec.quantization.group_size,
             experts_only: spec.quantization.experts_only && q == QuantScheme::Mxfp4,
+            ..Quantization::NONE
         };
         weights_exact = false;
     }
@@ -389,12 +498,26 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     let (default_mbt, default_seqs) =
         default_batching(req.gpu_total_bytes, req.gpu_name.as_deref());
     let max_num_seqs = req.max_num_seqs.unwrap_or(default_seqs);
+    let default_mbt = if req.vllm_version == VllmVersion::V0 {
+        // No chunked prefill: one profiling pass over a whole max-length prompt.
+        default_mbt.max(max_model_len)
+    } else {
+        default_mbt
+    };
     let mbt = req
         .max_num_batched_tokens
         .unwrap_or(default_mbt)
         .max(max_num_seqs.min(default_mbt));
+    let pp = req.pipeline_parallel_size.max(1);
+    let stage_layers = spec.num_layers.div_ceil(pp);
+    // The KV cache of one stage: its share of the layers (sliding ones in proportion).
+    let mut stage = spec.clone();
+    stage.num_layers = stage_layers;
+    stage.num_sliding_layers = (spec.num_sliding_layers * stage_layers)
+        .div_ceil(spec.num_layers.max(1))
+        .min(stage_layers);
     let layout = KvLayout::new(
-        &spec,
+        &stage,
         KvSettings {
             dtype: req.kv_cache_dtype,
             tensor_parallel_size: tp,
@@ -407,6 +530,8 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
         weights_total,
         weights_exact,
         tp,
+        pp,
+        stage_layers,
         max_model_len,
         max_num_seqs,
         mbt,
@@ -414,28 +539,108 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
     }
 }
 
-/// Predicts vLLM's memory for `spec` under `req`.
+/// Weights one GPU holds: the tensor-parallel share, then the largest pipeline stage's layers plus
+/// the larger of the embedding (first stage) and the output projection (last stage).
+fn rank_weights(r: &Resolved) -> u64 {
+    let per_rank = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    if r.pp <= 1 {
+        return per_rank;
+    }
+    let table = r.spec.vocab_size * r.spec.hidden_size * r.spec.dtype.bytes() / r.tp;
+    let tables = if r.spec.tie_word_embeddings {
+        table
+    } else {
+        2 * table
+    };
+    let layers = per_rank.saturating_sub(tables);
+    layers * r.stage_layers / r.spec.num_layers.max(1) + table
+}
+
+/// Predicts vLLM's memory for `spec` under `req`. For a speech model whose `--max-num-seqs` was
+/// not given, the plan is made again with `--max-num-seqs` lowered to the whole sequences of the
+/// planned length the KV pool holds (vLLM's 256 default would admit jobs it can only preempt).
 pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
+    let first = plan_once(spec, req)?;
+    let speech = spec.kind != ModelKind::Text;
+    if !speech || req.max_num_seqs.is_some() || req.target_concurrency.is_some() {
+        return Ok(first);
+    }
+    let whole = (first.max_concurrency.floor() as u64).max(1);
+    if whole >= first.max_num_seqs {
+        return Ok(first);
+    }
+    let mut bounded = req.clone();
+    bounded.max_num_seqs = Some(whole);
+    // Keep the sizing the user chose (not a right-sized pool for the derived bound).
+    bounded.fill = true;
+    let mut p = plan_once(spec, &bounded)?;
+    p.sizing_mode = first.sizing_mode.clone();
+    p.warnings.push(format!(
+        "--max-num-seqs {whole}: the whole {}-token sequences this KV pool holds (vLLM's default {} would admit jobs it can only preempt)",
+        thousands(p.max_model_len),
+        first.max_num_seqs
+    ));
+    Ok(p)
+}
+
+fn plan_once(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     validate(spec, req)?;
     let mut warnings = Vec::new();
     let mut req = req.clone();
     let audio = audio_context(spec, &mut req)?;
+    if req.right_sized() && req.max_num_seqs.is_none() {
+        // A pool sized for N sequences should not admit more than N at once.
+        req.max_num_seqs = req.target_concurrency;
+    }
     let r = resolve(spec, &req, &mut warnings);
     let total = req.gpu_total_bytes;
-    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let weights = rank_weights(&r);
+    let upcast = upcast_bytes(&r.spec, r.weights_exact);
     let activation = activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp);
-    let non_torch = non_torch_bytes(r.tp);
+    let non_torch = non_torch_bytes(r.tp * r.pp);
     let graphs = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager);
     let context = CUDA_CONTEXT_BYTES;
     let co_tenants = req.co_tenant_bytes();
     let margin = req.safety_margin_bytes;
-    let non_kv = weights + activation + non_torch;
+    let non_kv = weights + upcast + activation + non_torch;
 
     // Largest utilization whose whole footprint leaves every co-tenant and the margin free.
     let room = total.saturating_sub(co_tenants + margin + graphs + context);
     let largest_safe = floor_2dp(room as f64 / total as f64).clamp(0.0, 1.0);
     let shared = co_tenants > 0;
+    let right_sized = req.right_sized();
+    let sizing_mode = if right_sized {
+        "right_sized"
+    } else if req.gpu_memory_utilization.is_some() || req.kv_cache_memory.is_some() {
+        "given"
+    } else if req.fill {
+        "fill"
+    } else {
+        "default"
+    };
+    let kv_slack = if right_sized { req.kv_slack } else { 0.0 };
+    if right_sized {
+        let n = req.concurrency_bound().unwrap_or(1);
+        let k = right_sized_kv_bytes(&r.layout, n, r.max_model_len, r.mbt, req.kv_slack);
+        if req.vllm_version == VllmVersion::Current {
+            req.kv_cache_memory = Some(k);
+            // vLLM still refuses to start unless util × total is free: ask for just what it uses.
+            req.gpu_memory_utilization =
+                Some(ceil_2dp((non_kv + k) as f64 / total as f64).min(1.0));
+        } else {
+            // No --kv-cache-memory before 0.9.1: the utilization whose budget leaves that pool
+            // (early V1 also charges the co-tenants' memory to this instance).
+            let charged = if req.vllm_version == VllmVersion::EarlyV1 {
+                co_tenants
+            } else {
+                0
+            };
+            req.gpu_memory_utilization =
+                Some(ceil_2dp((non_kv + k + charged) as f64 / total as f64).min(1.0));
+        }
+    }
     let (utilization, utilization_source) = match req.gpu_memory_utilization {
+        Some(u) if right_sized => (u, "right_sized"),
         Some(u) => (u, "given"),
         None if shared => (largest_safe.min(MAX_PROPOSED_UTILIZATION), "largest_safe"),
         None if largest_safe >= DEFAULT_UTILIZATION => (DEFAULT_UTILIZATION, "default"),
@@ -444,9 +649,14 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     let requested = (total as f64 * utilization).floor() as u64;
     let free_at_start = total.saturating_sub(co_tenants);
 
+    let charged_others = if req.vllm_version == VllmVersion::EarlyV1 {
+        co_tenants
+    } else {
+        0
+    };
     let kv_cache = match req.kv_cache_memory {
         Some(k) => k,
-        None => requested.saturating_sub(non_kv),
+        None => requested.saturating_sub(non_kv + charged_others),
     };
     let num_blocks = r.layout.num_blocks(kv_cache);
     let kv_tokens = r.layout.tokens(num_blocks);
@@ -460,21 +670,22 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     } + graphs
         + context;
     let device_peak = instance + co_tenants;
+    let headroom = total.saturating_sub(instance + req.other_used_bytes + margin);
 
     let mut estimated_max_model_len = None;
-    let failure = if weights > free_at_start {
+    let failure = if weights + upcast > free_at_start {
         Some(Failure::WeightsDoNotFit {
-            weights_bytes: weights,
+            weights_bytes: weights + upcast,
             free_bytes: free_at_start,
         })
-    } else if free_at_start < requested {
+    } else if req.vllm_version == VllmVersion::Current && free_at_start < requested {
         Some(Failure::StartupFreeBelowUtilization {
             free_bytes: free_at_start,
             total_bytes: total,
             utilization,
             requested_bytes: requested,
         })
-    } else if req.kv_cache_memory.is_none() && requested <= non_kv {
+    } else if req.kv_cache_memory.is_none() && requested <= non_kv + charged_others {
         Some(Failure::NoKvCacheMemory {
             requested_bytes: requested,
             non_kv_bytes: non_kv,
@@ -524,10 +735,21 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     }
 
     let concurrency_floor = max_concurrency.floor() as u64;
-    let lanes = LaneHints {
-        text_max_inflight: concurrency_floor.min(r.max_num_seqs).max(1),
-        text_max_queue: (concurrency_floor.min(r.max_num_seqs).max(1) * 2).min(64),
-        audio_max_inflight: 1,
+    let whole = concurrency_floor.min(r.max_num_seqs).max(1);
+    let lanes = if r.spec.kind == ModelKind::Text {
+        LaneHints {
+            text_max_inflight: whole,
+            text_max_queue: (whole * 2).min(64),
+            audio_max_inflight: 1,
+            lane: "text".into(),
+        }
+    } else {
+        LaneHints {
+            text_max_inflight: 0,
+            text_max_queue: 0,
+            audio_max_inflight: whole,
+            lane: "audio".into(),
+        }
     };
 
     let mut vllm_args = vec![
@@ -552,6 +774,10 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         vllm_args.push("--tensor-parallel-size".to_string());
         vllm_args.push(r.tp.to_string());
     }
+    if r.pp > 1 {
+        vllm_args.push("--pipeline-parallel-size".to_string());
+        vllm_args.push(r.pp.to_string());
+    }
     if req.dtype.is_some() {
         vllm_args.push("--dtype".to_string());
         vllm_args.push(r.spec.dtype.vllm_name().to_string());
@@ -574,9 +800,24 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     }
 
     let per_token = r.layout.bytes_per_token();
-    let components = components(
+    let mut components = components(
         &r, &req, weights, activation, non_torch, graphs, kv_cache, per_token,
     );
+    if upcast > 0 {
+        components.insert(
+            1,
+            Component {
+                name: "audio tokenizers fp32".into(),
+                bytes: upcast,
+                why: format!(
+                    "{} M tokenizer/connector parameters stored {} and loaded as {}",
+                    r.spec.extra_params / 1_000_000,
+                    r.spec.dtype.vllm_name(),
+                    r.spec.extra_dtype.vllm_name()
+                ),
+            },
+        );
+    }
 
     let target = req
         .target_concurrency
@@ -599,6 +840,9 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         gpu_name: req.gpu_name.clone(),
         gpu_total_bytes: total,
         tensor_parallel_size: r.tp,
+        pipeline_parallel_size: r.pp,
+        layers_per_stage: r.stage_layers,
+        vllm_version: req.vllm_version.label().to_string(),
         weights_bytes: weights,
         weights_origin: if r.weights_exact {
             "exact"
@@ -609,6 +853,13 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         quantization: r.spec.quantization.scheme.label().to_string(),
         dtype: r.spec.dtype.vllm_name().to_string(),
         kv_bytes_per_token: per_token,
+        kv_heads_per_rank: if r.spec.mla.is_some() {
+            0
+        } else {
+            (r.spec.num_kv_heads / r.tp).max(1)
+        },
+        kv_bytes_per_token_all_ranks: per_token * r.tp,
+        weights_upcast_bytes: upcast,
         activation_peak_bytes: activation,
         non_torch_bytes: non_torch,
         cuda_graph_bytes: graphs,
@@ -617,6 +868,9 @@ pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
         safety_margin_bytes: margin,
         gpu_memory_utilization: utilization,
         utilization_source: utilization_source.to_string(),
+        sizing_mode: sizing_mode.to_string(),
+        kv_slack,
+        headroom_bytes: headroom,
         largest_safe_gpu_memory_utilization: largest_safe,
         requested_bytes: requested,
         kv_cache_bytes: kv_cache,
@@ -657,6 +911,9 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
     if req.tensor_parallel_size == 0 {
         return Err(PlanError::TensorParallel);
     }
+    if req.pipeline_parallel_size == 0 {
+        return Err(PlanError::Zero("pipeline-parallel-size"));
+    }
     for (name, v) in [
         ("max-model-len", req.max_model_len),
         ("max-num-seqs", req.max_num_seqs),
@@ -668,6 +925,9 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
             return Err(PlanError::Zero(name));
         }
     }
+    if !(req.kv_slack.is_finite() && (0.0..=4.0).contains(&req.kv_slack)) {
+        return Err(PlanError::KvSlack(req.kv_slack));
+    }
     if let Some(m) = req.audio_minutes {
         if !(m.is_finite() && m > 0.0) {
             return Err(PlanError::AudioMinutes(m));
@@ -677,6 +937,32 @@ fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
         }
     }
     Ok(())
+}
+
+/// Bytes the engine adds when it loads the extra components (audio tokenizers) in a wider dtype
+/// than the checkpoint stores them in: VibeVoice's vLLM plugin converts its bf16 acoustic and
+/// semantic tokenizers to float32 at load. Only for exact checkpoint totals (estimates already
+/// price `extra_params` at `extra_dtype`).
+pub fn upcast_bytes(spec: &ModelSpec, weights_exact: bool) -> u64 {
+    let stored = spec.dtype.bytes();
+    if weights_exact && spec.extra_dtype.bytes() > stored {
+        spec.extra_params * (spec.extra_dtype.bytes() - stored)
+    } else {
+        0
+    }
+}
+
+/// Rounds `x` up to two decimals (0.431 → 0.44), the precision vLLM's flag is written with.
+fn ceil_2dp(x: f64) -> f64 {
+    ((x * 100.0) - 1e-9).ceil() / 100.0
+}
+
+/// A KV pool for `n` sequences of `len` tokens: their blocks at full length plus `slack` of
+/// them (rounded up to whole blocks), in bytes of vLLM's blocks.
+pub fn right_sized_kv_bytes(layout: &KvLayout, n: u64, len: u64, mbt: u64, slack: f64) -> u64 {
+    let blocks = n * layout.blocks_per_request(len, mbt);
+    let extra = (blocks as f64 * slack).ceil() as u64;
+    (blocks + extra) * layout.bytes_per_block()
 }
 
 /// Fills in `max_model_len` from `--audio-minutes` when it was not given.
@@ -712,7 +998,14 @@ fn audio_context(
         }
     }
     let len = req.max_model_len.unwrap_or(spec.max_position_embeddings);
-    ctx.minutes_per_sequence = len as f64 / per_min;
+    // The inverse of the sizing above: speech-to-text sequences also carry the transcript and the
+    // prompt, so a length sized for M minutes holds exactly M minutes.
+    ctx.minutes_per_sequence = if spec.kind == ModelKind::SpeechToText {
+        len.saturating_sub(ASR_PROMPT_TOKENS) as f64
+            / (per_min + TRANSCRIPT_TOKENS_PER_MINUTE as f64)
+    } else {
+        len as f64 / per_min
+    };
     Ok(Some(ctx))
 }
 
@@ -737,7 +1030,12 @@ fn components(
             name: "weights".into(),
             bytes: weights,
             why: if r.weights_exact {
-                format!("exact, from tensor headers{tp_note}")
+                match r.spec.exact_weights.map(|w| w.origin) {
+                    Some(crate::spec::WeightsOrigin::Catalog) => {
+                        format!("exact checkpoint total (catalog, with its source){tp_note}")
+                    }
+                    _ => format!("exact, from tensor headers{tp_note}"),
+                }
             } else {
                 format!(
                     "estimated from the shape, {} {}{tp_note}",
@@ -834,10 +1132,11 @@ fn target_plan(
 
 /// KV bytes an instance could use if it took every byte the co-tenants and margin leave.
 fn kv_room(r: &Resolved, req: &PlanRequest) -> (u64, u64) {
-    let weights = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let weights = rank_weights(r);
     let non_kv = weights
+        + upcast_bytes(&r.spec, r.weights_exact)
         + activation_peak_bytes(&r.spec, r.mbt, r.max_num_seqs, r.tp)
-        + non_torch_bytes(r.tp);
+        + non_torch_bytes(r.tp * r.pp);
     let outside = cuda_graph_bytes(&r.spec, r.max_num_seqs, req.enforce_eager) + CUDA_CONTEXT_BYTES;
     let fixed = non_kv + outside + req.co_tenant_bytes() + req.safety_margin_bytes;
     (req.gpu_total_bytes.saturating_sub(fixed), fixed)
@@ -1075,6 +1374,7 @@ mod tests {
         let mut req = PlanRequest::new(24 * GIB);
         req.max_model_len = Some(16384);
         req.max_num_seqs = Some(4);
+        req.fill = true;
         let alone = plan(&llama_8b(), &req).unwrap();
         req.reservations.push(Reservation {
             name: "whisper".into(),
@@ -1149,6 +1449,226 @@ mod tests {
         assert_eq!(p.audio.unwrap().minutes_per_sequence, 100.0);
     }
 
+    fn qwen_7b_awq() -> ModelSpec {
+        let mut spec = ModelSpec::dense(
+            "Qwen/Qwen2.5-7B-Instruct-AWQ",
+            3584,
+            18_944,
+            28,
+            28,
+            4,
+            152_064,
+        );
+        spec.dtype = Dtype::F16;
+        spec.quantization = Quantization {
+            scheme: QuantScheme::Awq,
+            group_size: 128,
+            ..Quantization::NONE
+        };
+        spec
+    }
+
+    #[test]
+    fn bounded_concurrency_sizes_the_pool_to_the_bound_plus_slack() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.max_model_len = Some(4096);
+        req.max_num_seqs = Some(2);
+        req.reservations.push(Reservation {
+            name: "whisper".into(),
+            bytes: 6 * GIB,
+            why: "test".into(),
+        });
+        let p = plan(&qwen_7b_awq(), &req).unwrap();
+        // vLLM's page: 16 tokens × 2 (K, V) × 4 KV heads × 128 × 2 B, over 28 layers.
+        let block = 16 * 2 * 4 * 128 * 2 * 28;
+        // Two sequences of 4,096 tokens = 2 × 256 blocks, plus 25 % = 128 blocks.
+        let blocks = 2 * 4096 / 16;
+        let expected = (blocks + blocks / 4) * block;
+        assert_eq!(p.sizing_mode, "right_sized");
+        assert_eq!(p.kv_cache_memory_bytes, expected);
+        assert_eq!(p.num_blocks, (blocks + blocks / 4) * 28 / 28);
+        assert!(
+            p.vllm_args
+                .windows(2)
+                .any(|w| w[0] == "--kv-cache-memory" && w[1] == expected.to_string())
+        );
+        // At most 50 % over what the two sequences can hold.
+        assert!(p.kv_cache_bytes as f64 <= 1.5 * (2 * 4096 * 57_344) as f64);
+        // The card splits into vLLM's footprint, the headroom left and the margin.
+        let instance = p.weights_bytes
+            + p.activation_peak_bytes
+            + p.non_torch_bytes
+            + p.kv_cache_bytes
+            + p.cuda_graph_bytes
+            + p.cuda_context_bytes;
+        assert_eq!(
+            p.headroom_bytes + instance + p.safety_margin_bytes,
+            24 * GIB
+        );
+        assert!(p.headroom_bytes > 6 * GIB);
+        // The start-up check passes: util × total covers what vLLM holds and is free at start.
+        let requested = (p.gpu_memory_utilization * (24 * GIB) as f64) as u64;
+        assert!(requested >= instance - p.cuda_graph_bytes - p.cuda_context_bytes);
+        assert!(requested <= 18 * GIB);
+        assert!(p.fits, "{:?}", p.failure);
+
+        // --kv-slack 0: exactly the two sequences' blocks.
+        req.kv_slack = 0.0;
+        let tight = plan(&qwen_7b_awq(), &req).unwrap();
+        assert_eq!(tight.kv_cache_bytes, blocks * block);
+
+        // --fill: the largest safe utilization, budget minus the rest.
+        req.fill = true;
+        let f = plan(&qwen_7b_awq(), &req).unwrap();
+        assert_eq!(f.sizing_mode, "fill");
+        assert_eq!(f.utilization_source, "largest_safe");
+        assert_eq!(
+            f.kv_cache_bytes,
+            f.requested_bytes - f.weights_bytes - f.activation_peak_bytes - f.non_torch_bytes
+        );
+        assert!(f.kv_cache_bytes > 10 * p.kv_cache_bytes);
+        assert!(f.headroom_bytes < p.headroom_bytes);
+    }
+
+    #[test]
+    fn target_concurrency_alone_bounds_max_num_seqs_too() {
+        let mut req = PlanRequest::new(80 * GIB);
+        req.max_model_len = Some(8192);
+        req.target_concurrency = Some(3);
+        let p = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(p.sizing_mode, "right_sized");
+        assert_eq!(p.max_num_seqs, 3);
+        // 3 × 512 blocks + 25 % (384) of 16 × 131,072 B.
+        assert_eq!(p.kv_cache_bytes, (3 * 512 + 384) * 16 * 131_072);
+        // A user's utilization or pool keeps its meaning.
+        req.gpu_memory_utilization = Some(0.5);
+        assert_eq!(plan(&llama_8b(), &req).unwrap().sizing_mode, "given");
+    }
+
+    fn vibevoice_asr() -> ModelSpec {
+        let mut spec =
+            ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18_944, 28, 28, 4, 152_064);
+        spec.kind = ModelKind::SpeechToText;
+        spec.max_position_embeddings = 65_536;
+        spec.audio_tokenizer = Some(AudioTokenizer {
+            sample_rate_hz: 24_000,
+            samples_per_token: 3200,
+        });
+        spec.exact_weights = Some(ExactWeights {
+            bytes: 17_340_000_000,
+            origin: WeightsOrigin::Catalog,
+        });
+        spec.extra_params = 1_054_383_488;
+        spec.extra_dtype = Dtype::F32;
+        spec
+    }
+
+    #[test]
+    fn a_speech_model_gets_audio_lane_limits_and_a_consistent_minutes_line() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.audio_minutes = Some(60.0);
+        let p = plan(&vibevoice_asr(), &req).unwrap();
+        // bf16 tokenizers loaded as float32: 2 more bytes a parameter.
+        assert_eq!(p.weights_upcast_bytes, 1_054_383_488 * 2);
+        assert_eq!(p.weights_bytes, 17_340_000_000);
+        // 60 min: 27,000 audio + 15,000 transcript + 128 prompt tokens.
+        assert_eq!(p.max_model_len, 42_128);
+        let a = p.audio.as_ref().unwrap();
+        assert!(
+            (a.minutes_per_sequence - 60.0).abs() < 1e-9,
+            "{}",
+            a.minutes_per_sequence
+        );
+        assert_eq!(p.lanes.lane, "audio");
+        assert_eq!((p.lanes.text_max_inflight, p.lanes.text_max_queue), (0, 0));
+        // Whole sequences of 42,128 tokens the pool holds: blocks / ceil(42,128 / 16).
+        let whole = p.num_blocks / 42_128u64.div_ceil(16);
+        assert_eq!(p.lanes.audio_max_inflight, whole.max(1));
+        assert!(p.max_num_seqs <= whole.max(1));
+        assert!(p.fits);
+    }
+
+    #[test]
+    fn tensor_parallel_splits_kv_heads_across_ranks() {
+        let mut req = PlanRequest::new(24 * GIB);
+        req.tensor_parallel_size = 2;
+        req.max_model_len = Some(32_768);
+        let p = plan(&vibevoice_asr(), &req).unwrap();
+        // 4 KV heads over 2 ranks: 2 heads × 128 × 2 (K, V) × 2 B × 28 layers per rank.
+        assert_eq!(p.kv_heads_per_rank, 2);
+        assert_eq!(p.kv_bytes_per_token, 2 * 128 * 2 * 2 * 28);
+        assert_eq!(p.kv_bytes_per_token_all_ranks, 4 * 128 * 2 * 2 * 28);
+    }
+
+    #[test]
+    fn pipeline_parallel_splits_layers_weights_and_kv_per_stage() {
+        let mut spec = llama_8b();
+        spec.exact_weights = Some(ExactWeights {
+            bytes: 16_060_522_496,
+            origin: WeightsOrigin::SafetensorsHeaders,
+        });
+        let mut req = PlanRequest::new(24 * GIB);
+        req.pipeline_parallel_size = 2;
+        req.max_model_len = Some(8192);
+        let p = plan(&spec, &req).unwrap();
+        assert_eq!(p.layers_per_stage, 16);
+        // 16 layers × 2 (K, V) × 8 heads × 128 × 2 B on each GPU.
+        assert_eq!(p.kv_bytes_per_token, 16 * 2 * 8 * 128 * 2);
+        // Half the decoder layers plus one 128,256 × 4,096 bf16 table (embedding or lm_head).
+        let table = 128_256 * 4096 * 2;
+        assert_eq!(p.weights_bytes, (16_060_522_496 - 2 * table) / 2 + table);
+        assert!(
+            p.vllm_args
+                .windows(2)
+                .any(|w| w[0] == "--pipeline-parallel-size" && w[1] == "2")
+        );
+    }
+
+    #[test]
+    fn older_vllm_versions_account_memory_their_way() {
+        assert_eq!(VllmVersion::parse("0.6.3"), Some(VllmVersion::V0));
+        assert_eq!(VllmVersion::parse("v0.8.5"), Some(VllmVersion::EarlyV1));
+        assert_eq!(VllmVersion::parse("0.9.0"), Some(VllmVersion::EarlyV1));
+        assert_eq!(VllmVersion::parse("0.9.1"), Some(VllmVersion::Current));
+        assert_eq!(VllmVersion::parse("0.11.0"), Some(VllmVersion::Current));
+        assert_eq!(VllmVersion::parse("x"), None);
+
+        let mut req = PlanRequest::new(24 * GIB);
+        req.gpu_memory_utilization = Some(0.9);
+        req.max_model_len = Some(8192);
+        req.other_used_bytes = 4 * GIB;
+        // Current: 20 GiB free < 0.9 × 24 GiB, the start-up check refuses.
+        let now = plan(&llama_8b(), &req).unwrap();
+        assert!(matches!(
+            now.failure,
+            Some(Failure::StartupFreeBelowUtilization { .. })
+        ));
+        // Early V1: no such check, but the 4 GiB other processes hold come out of the pool.
+        req.vllm_version = VllmVersion::EarlyV1;
+        let early = plan(&llama_8b(), &req).unwrap();
+        assert!(!matches!(
+            early.failure,
+            Some(Failure::StartupFreeBelowUtilization { .. })
+        ));
+        assert_eq!(early.kv_cache_bytes, now.kv_cache_bytes - 4 * GIB);
+        // V0: the profiling pass covers the whole 8,192-token prompt (no chunked prefill).
+        req.vllm_version = VllmVersion::V0;
+        req.other_used_bytes = 0;
+        let v0 = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(v0.max_num_batched_tokens, 8192);
+        req.vllm_version = VllmVersion::Current;
+        let cur = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(cur.max_num_batched_tokens, 2048);
+        assert!(v0.activation_peak_bytes > cur.activation_peak_bytes);
+        // Right-sizing without --kv-cache-memory: a utilization that leaves the bounded pool.
+        req.gpu_memory_utilization = None;
+        req.max_num_seqs = Some(2);
+        req.vllm_version = VllmVersion::V0;
+        let rs = plan(&llama_8b(), &req).unwrap();
+        assert!(!rs.vllm_args.contains(&"--kv-cache-memory".to_string()));
+        assert!(rs.kv_cache_bytes >= 2 * 8192 * 131_072 * 5 / 4);
+    }
+
     #[test]
     fn bad_settings_are_errors_not_plans() {
         let spec = llama_8b();
@@ -1164,5 +1684,8 @@ mod tests {
         let mut req = PlanRequest::new(24 * GIB);
         req.max_num_seqs = Some(0);
         assert_eq!(plan(&spec, &req), Err(PlanError::Zero("max-num-seqs")));
+        let mut req = PlanRequest::new(24 * GIB);
+        req.kv_slack = -0.1;
+        assert_eq!(plan(&spec, &req), Err(PlanError::KvSlack(-0.1)));
     }
 }

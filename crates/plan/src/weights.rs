@@ -102,7 +102,9 @@ pub fn quantized_bits_per_weight(q: Quantization) -> f64 {
         QuantScheme::None => 16.0,
         // 4-bit value + fp16 scale per group + packed 4-bit zero per group.
         QuantScheme::Awq | QuantScheme::Gptq => 4.0 + 16.0 / g + 4.0 / g,
-        // NF4 with one fp32 absmax per 64 weights.
+        // NF4 with one fp32 absmax per 64 weights; with double quantization the absmax is 8-bit
+        // and each 256 of them share one fp32 constant.
+        QuantScheme::Bnb4 if q.double_quant => 4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0),
         QuantScheme::Bnb4 => 4.0 + 32.0 / 64.0,
         QuantScheme::Bnb8 => 8.0,
         QuantScheme::Fp8 => 8.0,
@@ -125,13 +127,22 @@ pub fn estimated_weight_bytes(spec: &ModelSpec, quant: Quantization) -> u64 {
             n as f64 * q_bits / 8.0
         }
     };
+    // Layers the checkpoint leaves unconverted keep those matrices in the model dtype.
+    let layers = spec.num_layers.max(1) as f64;
+    let split = |n: u64, kept_layers: u64| -> f64 {
+        let kept = n as f64 * (kept_layers.min(spec.num_layers) as f64 / layers);
+        quantized((n as f64 - kept).round() as u64) + kept * dense_bytes
+    };
     let (attention, dense_mlp) = if quant.experts_only {
         (
             p.attention as f64 * dense_bytes,
             p.dense_mlp as f64 * dense_bytes,
         )
     } else {
-        (quantized(p.attention), quantized(p.dense_mlp))
+        (
+            split(p.attention, quant.unconverted_attention_layers),
+            split(p.dense_mlp, quant.unconverted_mlp_layers),
+        )
     };
     let total = (p.embedding + p.lm_head + p.small) as f64 * dense_bytes
         + attention
@@ -192,7 +203,7 @@ mod tests {
         let awq = Quantization {
             scheme: QuantScheme::Awq,
             group_size: 128,
-            experts_only: false,
+            ..Quantization::NONE
         };
         let bytes = estimated_weight_bytes(&spec, awq);
         let p = param_counts(&spec);
@@ -207,6 +218,31 @@ mod tests {
 
     fn gib(b: u64) -> f64 {
         b as f64 / GIB as f64
+    }
+
+    #[test]
+    fn bnb_double_quant_and_unconverted_modules() {
+        let spec = ModelSpec::dense("llama", 4096, 14_336, 32, 32, 8, 128_256);
+        let p = param_counts(&spec);
+        let mut q = Quantization {
+            scheme: QuantScheme::Bnb4,
+            ..Quantization::NONE
+        };
+        let plain = estimated_weight_bytes(&spec, q);
+        q.double_quant = true;
+        let double = estimated_weight_bytes(&spec, q);
+        // Per quantized weight: 32/64 bits of fp32 absmax become 8/64 + 32/16384 bits.
+        let quantized = (p.attention + p.dense_mlp) as f64;
+        let saved = quantized * (32.0 / 64.0 - 8.0 / 64.0 - 32.0 / 16_384.0) / 8.0;
+        assert!(
+            (plain as f64 - double as f64 - saved).abs() < 2.0,
+            "{plain} {double} {saved}"
+        );
+        // All 32 layers' attention kept in bf16: those weights cost 2 B instead of 4.127 bits.
+        q.unconverted_attention_layers = 32;
+        let kept = estimated_weight_bytes(&spec, q);
+        let extra = p.attention as f64 * (2.0 - (4.0 + 8.0 / 64.0 + 32.0 / 16_384.0) / 8.0);
+        assert!((kept as f64 - double as f64 - extra).abs() < 2.0);
     }
 
     #[test]
