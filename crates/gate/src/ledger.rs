@@ -6,8 +6,11 @@
 //! A job is admitted only when `free − Σ hidden reservations ≥ need + margin`. A reservation is
 //! *hidden* while the reading cannot yet show it: its part not yet covered by the growth of the
 //! owning upstream's measured use above that upstream's idle floor (reservations of one owner
-//! take the growth oldest first), and not older than the settle time. Visible parts are already
-//! in the free figure and are not counted twice.
+//! take the growth oldest first). Visible parts are already in the free figure and are not
+//! counted twice. A reservation counts as wholly visible once it has *settled*: for an owner whose
+//! use is measured, `settle` after its covered part last grew (the job's use stopped growing
+//! short of its reservation — a job that has not started allocating never settles, however long
+//! it waits upstream); for an owner that cannot be measured, `settle` after admission.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -52,7 +55,8 @@ pub enum PoolKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LedgerSettings {
     pub kind: PoolKind,
-    /// A reservation counts as visible at the latest this long after admission.
+    /// A reservation counts as wholly visible this long after its covered part last grew (after
+    /// admission where the owner's use is not measured).
     pub settle: Duration,
     /// A reading older than this counts as none.
     pub stale_after: Duration,
@@ -111,6 +115,11 @@ struct Reservation {
     audio_seconds: Option<f64>,
     /// Bytes of this reservation the latest reading shows (owner growth attributed to it).
     covered: u64,
+    /// The most ever covered, and when the covered part last grew past it.
+    max_covered: u64,
+    progress_at: Option<Instant>,
+    /// A reading has shown the owner's use since admission.
+    measured: bool,
     /// Owner's idle floor at admission, when known.
     floor: Option<u64>,
     /// Highest owner use seen by readings during the job.
@@ -201,6 +210,11 @@ impl Ledger {
             for r in d.reservations.iter_mut().filter(|r| &r.owner == name) {
                 r.covered = growth.min(r.bytes);
                 growth -= r.covered;
+                r.measured = true;
+                if r.covered > r.max_covered {
+                    r.max_covered = r.covered;
+                    r.progress_at = Some(reading.at);
+                }
                 r.max_seen = Some(r.max_seen.map_or(*used, |m| m.max(*used)));
             }
         }
@@ -233,9 +247,17 @@ impl Ledger {
         let Some(d) = self.device(device) else {
             return 0;
         };
+        let settle = self.settings.settle;
         d.reservations
             .iter()
-            .filter(|r| now.saturating_duration_since(r.admitted_at) < self.settings.settle)
+            .filter(|r| {
+                let since = if r.measured {
+                    r.progress_at
+                } else {
+                    Some(r.admitted_at)
+                };
+                since.is_none_or(|t| now.saturating_duration_since(t) < settle)
+            })
             .map(|r| r.bytes - r.covered)
             .sum()
     }
@@ -310,6 +332,9 @@ impl Ledger {
             admitted_at: now,
             audio_seconds,
             covered: 0,
+            max_covered: 0,
+            progress_at: None,
+            measured: false,
             floor,
             max_seen: current,
             alone,
@@ -480,13 +505,37 @@ mod tests {
         // Memory dipped again mid-job: the uncovered part is hidden again.
         l.push_reading(reading(700 * MIB, 400 * MIB, t1));
         assert_eq!(l.hidden_bytes(0, t1), 600 * MIB);
-        // After the settle time every reservation counts as visible.
-        assert_eq!(l.hidden_bytes(0, t0 + Duration::from_secs(5)), 0);
+        // Settle time after their use last grew, the two that allocated count as visible; the
+        // one that never started allocating stays hidden however long it waits.
+        let later = t1 + Duration::from_secs(5);
+        assert_eq!(
+            l.hidden_bytes(0, later - Duration::from_millis(1)),
+            600 * MIB
+        );
+        assert_eq!(l.hidden_bytes(0, later), 300 * MIB);
+        assert_eq!(
+            l.hidden_bytes(0, later + Duration::from_secs(60)),
+            300 * MIB
+        );
         for id in 0..3 {
             l.release(0, id);
         }
         assert_eq!(l.reserved_bytes(0), 0);
         assert_eq!(l.reservation_count(0), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unmeasured_owner_settles_from_admission() {
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
+        l.reserve(1, 0, 0, "elsewhere", 300 * MIB, None, t0);
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
+        assert_eq!(
+            l.hidden_bytes(0, t0 + Duration::from_millis(4999)),
+            300 * MIB
+        );
+        assert_eq!(l.hidden_bytes(0, t0 + Duration::from_secs(5)), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@
 //! margin = "512MiB"                   # always left free
 //! watch = ["http://127.0.0.1:8001"]   # upstreams whose listening process trees are the pool (host)
 //! sample_interval = "25ms"            # sampler period (20 Hz or faster: 50ms at most)
-//! settle = "3s"                       # a reservation counts as visible after this at the latest
+//! settle = "3s"                       # reserved-but-unused counts as visible this long after growth stops
 //! stale_after = "500ms"               # older readings count as no reading (lanes' gpu_fail_open)
 //! learn_quantile = 0.95               # quantile of observed job peaks a learned need covers
 //! learn_min_samples = 8               # jobs measured before a learned need replaces the figure
@@ -78,7 +78,8 @@ pub struct MemoryConfig {
     pub watch: Vec<String>,
     /// Sampler period; readings are pushed to the gate at this rate.
     pub sample_interval: Duration,
-    /// Latest time after admission at which a reservation counts as visible in the readings.
+    /// A reservation counts as wholly visible this long after its measured use last grew (after
+    /// admission where the owner's use cannot be measured).
     pub settle: Duration,
     /// A reading older than this counts as none (lanes follow `gpu_fail_open`).
     pub stale_after: Duration,
