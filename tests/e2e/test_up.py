@@ -256,6 +256,8 @@ def test_text_flags_follow_from_capacity_minus_peak_minus_margin(running):
     slots = httpx.get(f"http://127.0.0.1:{box.llm_port}/slots", timeout=10).json()
     assert len(slots) == parallel
     assert all(s["n_ctx"] == ctx // parallel for s in slots), slots
+    # llama.cpp's own start-up log (read by doctor) says it allocated that many KV cells.
+    assert llm["plan_check"]["log"]["kv_tokens"] == ctx, llm["plan_check"]
     # What llama.cpp holds stays inside the budget it was given.
     assert pss_of_tree(llm["pid"]) <= report["text_budget_bytes"]
     # The gateway's text lane runs as many requests at once as the engine has slots.

@@ -1,6 +1,7 @@
 //! The one integration-test binary: each module drives the real `headroom` binary or real servers
 //! on 127.0.0.1.
 
+mod admin_box;
 mod bench;
 mod cli;
 mod deploy;

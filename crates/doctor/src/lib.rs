@@ -69,6 +69,18 @@ pub fn diagnose_str(text: &str) -> Diagnosis {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn llama_cpp_start_up_kv_figures_are_read() {
+        // The lines xllamacpp's llama.cpp logs at verbosity 10 for -c 16384 --parallel 4.
+        let log = "0.00.482.694 I llama_kv_cache:        CPU KV buffer size =   360.00 MiB\n\
+0.00.724.376 I llama_kv_cache: size =  360.00 MiB (  4096 cells,  30 layers,  4/4 seqs), K (f16):  180.00 MiB, V (f16):  180.00 MiB\n";
+        let d = diagnose_str(log);
+        let s = d.startup.expect("start-up figures");
+        assert_eq!(s.breakdown.kv_cache_gib, Some(360.0 / 1024.0));
+        assert_eq!(s.breakdown.kv_tokens, Some(16384));
+        assert!(d.findings.is_empty(), "{:?}", d.findings);
+    }
+
     use super::*;
     use proptest::prelude::*;
 

@@ -10,41 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use headroom_plan::units::{BareNumber, parse_duration, parse_size};
+
 use serde::Deserialize;
 
 use crate::UpError;
 
-/// Which memory the box shares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeKind {
-    /// An NVIDIA GPU read through NVML.
-    Nvml,
-    /// Host RAM: each backend's use is its process tree's PSS (else RSS) from /proc.
-    Host,
-}
-
-impl ProbeKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProbeKind::Nvml => "nvml",
-            ProbeKind::Host => "host",
-        }
-    }
-}
-
-/// `[memory]` after validation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MemoryConfig {
-    pub probe: ProbeKind,
-    /// NVML device index (0 for the host pool).
-    pub device: u32,
-    /// The pool's size; `None` = the device's total (NVML) or MemTotal (host).
-    pub capacity: Option<u64>,
-    /// Memory kept free on top of everything.
-    pub margin: u64,
-    /// Other processes that share the pool (PIDs or process names), counted as co-tenants.
-    pub watch: Vec<String>,
-}
+/// `[memory]` is `serve`'s own table (same keys, same meaning); the box file reuses its type.
+pub use headroom_server::memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// `audio` or `text`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,33 +149,18 @@ pub struct BoxConfig {
     pub restart_backoff_max: Duration,
     /// Growth past the measured peak that is reported as drift (fraction of the peak).
     pub drift_margin: f64,
-    /// Sampling interval while measuring.
-    pub sample_interval: Duration,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBox {
-    memory: RawMemory,
+    memory: MemoryTable,
     #[serde(default)]
     backends: Vec<RawBackend>,
     serve: Option<toml::Table>,
     restart_backoff: Option<String>,
     restart_backoff_max: Option<String>,
     drift_margin: Option<f64>,
-    sample_interval: Option<String>,
-}
-
-/// `[memory]` exactly as `serve`'s config spells it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMemory {
-    probe: String,
-    device: Option<i64>,
-    capacity: Option<toml::Value>,
-    margin: Option<toml::Value>,
-    #[serde(default)]
-    watch: Vec<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -304,7 +261,6 @@ impl BoxConfig {
     pub fn parse(text: &str, dir: &Path) -> Result<BoxConfig, UpError> {
         let raw: RawBox =
             toml::from_str(text).map_err(|e| UpError::Toml(flatten(&e.to_string())))?;
-        let memory = memory(raw.memory)?;
         if raw.backends.is_empty() {
             return Err(bad(
                 "backends",
@@ -316,22 +272,35 @@ impl BoxConfig {
             backends.push(backend(i, b, dir)?);
         }
         check_backends(&backends)?;
+        if raw.memory.probe.is_none() {
+            return Err(bad(
+                "memory.probe",
+                "say which pool the box shares: \"nvml\" or \"host\"",
+            ));
+        }
+        // The backends are the pool's members: watched by serve like any upstream.
+        let mut table = raw.memory;
+        if table.probe.as_deref() == Some("host") {
+            for b in &backends {
+                if !table.watch.contains(&b.upstream()) {
+                    table.watch.push(b.upstream());
+                }
+            }
+        }
+        let mut memory = table
+            .validate("memory")
+            .map_err(|e| UpError::Memory(e.to_string()))?;
+        // The calibration file (measured figures, and the needs serve's ledger learns) sits
+        // beside the box file unless the table names one; relative paths start at the box.
+        if let Some(c) = &memory.calibration
+            && c.is_relative()
+        {
+            memory.calibration = Some(dir.join(c));
+        }
         let serve = serve_section(raw.serve.unwrap_or_default(), &backends)?;
         let drift_margin = raw.drift_margin.unwrap_or(0.1);
         if !(drift_margin.is_finite() && drift_margin >= 0.0) {
             return Err(bad("drift_margin", "must be a fraction of 0 or more"));
-        }
-        let sample_interval = duration(
-            "sample_interval",
-            raw.sample_interval.as_ref(),
-            Duration::from_millis(25),
-        )?;
-        if sample_interval > Duration::from_millis(50) || sample_interval < Duration::from_millis(5)
-        {
-            return Err(bad(
-                "sample_interval",
-                "must be between 5ms and 50ms (at least 20 samples a second)",
-            ));
         }
         Ok(BoxConfig {
             dir: dir.to_path_buf(),
@@ -349,7 +318,6 @@ impl BoxConfig {
                 Duration::from_secs(30),
             )?,
             drift_margin,
-            sample_interval,
         })
     }
 
@@ -368,54 +336,6 @@ fn flatten(text: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn memory(raw: RawMemory) -> Result<MemoryConfig, UpError> {
-    let probe = match raw.probe.as_str() {
-        "nvml" => ProbeKind::Nvml,
-        "host" => ProbeKind::Host,
-        other => {
-            return Err(bad(
-                "memory.probe",
-                format!("`{other}` is not nvml or host"),
-            ));
-        }
-    };
-    let device = match raw.device {
-        None => 0,
-        Some(d) if d >= 0 => d as u32,
-        Some(_) => return Err(bad("memory.device", "must be a device index (0 or more)")),
-    };
-    let capacity = match &raw.capacity {
-        None => None,
-        Some(toml::Value::String(s)) if s == "auto" => None,
-        Some(v) => Some(size("memory.capacity", v)?).filter(|c| *c > 0),
-    };
-    if raw.capacity.is_some()
-        && capacity.is_none()
-        && !matches!(&raw.capacity, Some(toml::Value::String(s)) if s == "auto")
-    {
-        return Err(bad("memory.capacity", "must be more than 0"));
-    }
-    let margin = match &raw.margin {
-        None => 256 * 1024 * 1024,
-        Some(v) => size("memory.margin", v)?,
-    };
-    let mut watch = Vec::new();
-    for w in raw.watch {
-        match w {
-            toml::Value::String(s) if !s.is_empty() => watch.push(s),
-            toml::Value::Integer(i) if i > 0 => watch.push(i.to_string()),
-            _ => return Err(bad("memory.watch", "entries are PIDs or process names")),
-        }
-    }
-    Ok(MemoryConfig {
-        probe,
-        device,
-        capacity,
-        margin,
-        watch,
-    })
 }
 
 fn resolve(dir: &Path, p: &str) -> PathBuf {

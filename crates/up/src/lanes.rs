@@ -55,8 +55,12 @@ fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
             t.insert("priority".into(), i(10));
             t.insert("gpu_device".into(), i(device as u64));
             t.insert("gpu_memory_per_job".into(), i(f.per_job_bytes));
+            // serve's ledger refines the measured figure from real jobs (kept in the calibration file).
+            t.insert("learn".into(), toml::Value::Boolean(true));
             if let Some(per_second) = f.per_audio_second_bytes {
                 t.insert("gpu_memory_per_audio_second".into(), i(per_second));
+                // Audio of unknown length is counted as this long (overridable per lane).
+                t.insert("max_audio_seconds".into(), toml::Value::Float(600.0));
             }
         }
         Role::Text => {
@@ -86,6 +90,12 @@ pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
         "listen".into(),
         toml::Value::String(config.serve.listen.to_string()),
     );
+    // The same [memory] table, so serve's ledger reads the pool `up` measured.
+    if let Ok(mut memory) = config.memory.to_toml().parse::<toml::Table>()
+        && let Some(table) = memory.remove("memory")
+    {
+        top.insert("memory".into(), table);
+    }
     let mut lanes = Vec::new();
     for b in &config.backends {
         let Some(f) = figures.iter().find(|f| f.backend == b.name) else {

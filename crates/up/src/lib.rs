@@ -27,6 +27,8 @@ pub use supervisor::{UpOptions, run};
 pub enum UpError {
     #[error("box file is not valid TOML: {0}")]
     Toml(String),
+    #[error("box file {0}")]
+    Memory(String),
     #[error("box file `{key}`: {message}")]
     Config { key: String, message: String },
     #[error("{what}: {source}")]

@@ -113,9 +113,11 @@ impl Meter {
             .map_or(0, |s| self.bytes_in(s, &tree))
     }
 
-    fn join(&self, name: &str, pid: u32) {
+    /// Makes a backend a member of the host pool under its upstream URL, the name `serve`'s
+    /// memory feed gives the same process tree (so the two never count it twice).
+    fn join(&self, upstream: &str, pid: u32) {
         if let Some(pool) = &self.pool {
-            pool.set_member(name, pid);
+            pool.set_member(upstream, pid);
         }
     }
 }
@@ -232,7 +234,7 @@ async fn run_inner(
         },
         mib(ctx.meter.capacity),
         mib(ctx.config.memory.margin),
-        ctx.config.sample_interval.as_millis(),
+        ctx.config.memory.sample_interval.as_millis(),
         ctx.log_dir.display()
     ));
 
@@ -258,7 +260,9 @@ async fn run_inner(
         Some(Ok(lanes)) => lanes,
     };
 
-    let serve = match serve_config(&ctx.config, &lanes) {
+    let mut for_serve = ctx.config.clone();
+    for_serve.memory.calibration = Some(calibration_file(&ctx.config, &ctx.opts.box_path));
+    let serve = match serve_config(&for_serve, &lanes) {
         Ok(s) => s,
         Err(e) => {
             stop_all_started(&ctx, &mut started).await;
@@ -266,7 +270,13 @@ async fn run_inner(
         }
     };
     let gateway = match headroom_server::Gateway::new(serve, Some(probe)) {
-        Ok(g) => g.with_box(ctx.status.clone()),
+        Ok(g) => {
+            let g = g.with_box(ctx.status.clone());
+            match &ctx.meter.pool {
+                Some(pool) => g.with_pool(pool.clone()),
+                None => g,
+            }
+        }
         Err(e) => {
             stop_all_started(&ctx, &mut started).await;
             return Err(UpError::Serve(e.to_string()));
@@ -331,8 +341,12 @@ fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError>
                     .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
             };
             let pool = HostPool::new(capacity);
-            for (i, w) in watched(&m.watch).into_iter().enumerate() {
-                pool.set_member(&format!("watch-{i}-{w}"), w);
+            // Co-tenants: the processes listening on the watched upstreams, with their trees.
+            let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
+            for url in m.watch.iter().filter(|u| !ours.contains(u)) {
+                if let Ok(pid) = headroom_gpu::url_listener(url) {
+                    pool.set_member(url, pid);
+                }
             }
             (Arc::new(pool.clone()), Some(pool), capacity)
         }
@@ -349,7 +363,7 @@ fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError>
     };
     let sampler = Sampler::start(
         Arc::clone(&probe),
-        SamplerConfig::new(config.sample_interval).with_ring_capacity(16_384),
+        SamplerConfig::new(config.memory.sample_interval).with_ring_capacity(16_384),
     )
     .map_err(|e| UpError::Probe(e.to_string()))?;
     Ok((
@@ -362,33 +376,6 @@ fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError>
         },
         probe,
     ))
-}
-
-/// PIDs for `[memory] watch` entries: numbers as they are, names matched against /proc/*/comm.
-fn watched(entries: &[String]) -> Vec<u32> {
-    let mut pids = Vec::new();
-    for e in entries {
-        if let Ok(pid) = e.parse::<u32>() {
-            pids.push(pid);
-            continue;
-        }
-        let Ok(dir) = std::fs::read_dir("/proc") else {
-            continue;
-        };
-        for entry in dir.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if std::fs::read_to_string(entry.path().join("comm")).is_ok_and(|c| c.trim() == e) {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
 }
 
 fn initial_report(config: &BoxConfig, capacity: u64) -> BoxReport {
@@ -432,7 +419,7 @@ async fn stop_all_started(ctx: &Ctx, started: &mut Vec<Started>) {
 
 /// Starts and measures every backend; returns the figures the lanes are derived from.
 async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<LaneFigures>, UpError> {
-    let calibration_path = calibration_path_for(&ctx.opts.box_path);
+    let calibration_path = calibration_file(&ctx.config, &ctx.opts.box_path);
     let previous = if ctx.opts.recalibrate {
         None
     } else {
@@ -565,6 +552,15 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
     Ok(lanes)
 }
 
+/// The box's calibration file: `[memory] calibration`, else beside the box file.
+pub fn calibration_file(config: &BoxConfig, box_path: &Path) -> PathBuf {
+    config
+        .memory
+        .calibration
+        .clone()
+        .unwrap_or_else(|| calibration_path_for(box_path))
+}
+
 /// An audio backend's start-up failure, with its group (already stopped) out of the way.
 struct StartFailure(UpError);
 
@@ -594,7 +590,7 @@ async fn start(
     ctx.status
         .update(&b.name, |r| r.state = BackendState::Starting);
     let mut group = process::spawn(b, args, env, &ctx.config.dir, &ctx.log_path(&b.name))?;
-    ctx.meter.join(&b.name, group.pid);
+    ctx.meter.join(&b.upstream(), group.pid);
     ctx.status.update(&b.name, |r| r.pid = Some(group.pid));
     ctx.say(&format!(
         "up: [{}] started pid {} ({} {}), waiting for {}{}",
@@ -1102,6 +1098,12 @@ async fn keep(
     }
 }
 
+/// Whether `now` is past the measured `peak` by more than `margin` (a fraction of the peak).
+/// A backend never measured (peak 0) never drifts.
+pub fn drifted(now: u64, peak: u64, margin: f64) -> bool {
+    peak > 0 && now as f64 > peak as f64 * (1.0 + margin)
+}
+
 /// Every 250 ms: each backend's current memory into the report, and a log line the first time
 /// one grows past its measured peak by more than the drift margin.
 async fn monitor(ctx: Arc<Ctx>) {
@@ -1118,8 +1120,8 @@ async fn monitor(ctx: Arc<Ctx>) {
         for (name, pid, peak, state) in rows {
             let Some(pid) = pid else { continue };
             let now = ctx.meter.now_bytes(pid);
-            let limit = peak as f64 * (1.0 + ctx.config.drift_margin);
-            let drifted = state == BackendState::Ready && peak > 0 && now as f64 > limit;
+            let drifted =
+                state == BackendState::Ready && drifted(now, peak, ctx.config.drift_margin);
             if drifted && !reported.get(&name).copied().unwrap_or(false) {
                 ctx.say(&format!(
                     "up: [{name}] warning: memory {} is past its measured peak {} by more than {:.0} %: the measured residency drifted",
@@ -1136,5 +1138,22 @@ async fn monitor(ctx: Arc<Ctx>) {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drifted;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn drift_is_growth_past_the_peak_by_more_than_the_margin() {
+        // Peak 200 MiB, margin 10 %: 220 MiB is the line.
+        assert!(!drifted(150 * MIB, 200 * MIB, 0.1));
+        assert!(!drifted(220 * MIB, 200 * MIB, 0.1));
+        assert!(drifted(221 * MIB, 200 * MIB, 0.1));
+        assert!(drifted(201 * MIB, 200 * MIB, 0.0));
+        assert!(!drifted(900 * MIB, 0, 0.1), "never measured");
     }
 }

@@ -112,6 +112,7 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("n_ubatch", LLAMA),
     ("n_ctx ", LLAMA),
     ("KV buffer", LLAMA),
+    ("llama_kv_cache: size", LLAMA),
     // Ollama
     ("gpu has too little memory", OLLAMA),
     ("model requires more system memory", OLLAMA),

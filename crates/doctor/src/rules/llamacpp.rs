@@ -11,6 +11,26 @@ use crate::parse::{int_after, number_after};
 /// Lines after the failure that may still name the buffer kind.
 const FOLLOW_WINDOW: u64 = 6;
 
+/// The start-up line `llama_kv_cache: size = 90.00 MiB (2048 cells, 30 layers, 2/2 seqs), ...`:
+/// the KV buffer and its tokens (cells per stream × streams), as start-up figures. The last such
+/// line wins: `--fit` may size a trial context before the real one.
+fn kv_cache_size(facts: &mut Facts, line_no: u64, line: &str) -> bool {
+    if !line.contains("llama_kv_cache: size =") {
+        return false;
+    }
+    let Some(mib) = number_after(line, "size =") else {
+        return false;
+    };
+    let b = &mut facts.startup.breakdown;
+    b.kv_cache_gib = Some(mib / 1024.0);
+    if let Some(cells) = int_after(line, "(") {
+        let streams = int_after(line, "layers,").unwrap_or(1).max(1);
+        b.kv_tokens = Some(cells * streams);
+    }
+    facts.startup.evidence_lines.push(line_no);
+    true
+}
+
 /// True while lines right after an allocation failure may still name the buffer kind.
 pub fn expects_follow_up(facts: &Facts, line_no: u64) -> bool {
     facts.ggml_alloc.as_ref().is_some_and(|seen| {
@@ -23,6 +43,9 @@ pub fn expects_follow_up(facts: &Facts, line_no: u64) -> bool {
 }
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
+    if kv_cache_size(facts, line_no, line) {
+        return true;
+    }
     if (line.contains("cudaMalloc failed: out of memory") || line.contains("hipMalloc failed"))
         && let Some(mib) = number_after(line, "allocating ")
     {
