@@ -225,17 +225,10 @@ impl Stream for Passthrough {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
-            return this.end_with(e, "deadline");
-        }
-        if let Some(waiter) = this.preempted.as_mut()
-            && waiter.as_mut().poll(cx).is_ready()
-        {
-            this.preempted = None;
-            let e = ApiError::preempted(this.flight.lane());
-            return this.end_with(e, "preempted");
-        }
+        // What the upstream has already sent goes out first: a deadline or a preemption that
+        // comes due after the last byte must not turn a complete response into an aborted one
+        // (with a known length, the client has it whole and reuses the connection the abort
+        // then closes).
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -251,7 +244,7 @@ impl Stream for Passthrough {
                     let excess = this.tail.len().saturating_sub(4);
                     this.tail.drain(..excess);
                 }
-                Poll::Ready(Some(Ok(chunk)))
+                return Poll::Ready(Some(Ok(chunk)));
             }
             Poll::Ready(Some(Err(_))) => {
                 let e = ApiError::new(
@@ -259,16 +252,28 @@ impl Stream for Passthrough {
                     "upstream_stream_error",
                     "the upstream connection failed in the middle of the response",
                 );
-                this.end_with(e, "upstream_error")
+                return this.end_with(e, "upstream_error");
             }
             Poll::Ready(None) => {
                 this.done = true;
                 this.inner = None;
                 this.flight.finish("ok");
-                Poll::Ready(None)
+                return Poll::Ready(None);
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {}
         }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
+            return this.end_with(e, "deadline");
+        }
+        if let Some(waiter) = this.preempted.as_mut()
+            && waiter.as_mut().poll(cx).is_ready()
+        {
+            this.preempted = None;
+            let e = ApiError::preempted(this.flight.lane());
+            return this.end_with(e, "preempted");
+        }
+        Poll::Pending
     }
 }
 
