@@ -6,4 +6,5 @@ mod doctor;
 mod plan;
 mod serve;
 mod serve_upstream;
+mod serve_wire;
 mod top;
