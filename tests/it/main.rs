@@ -7,5 +7,6 @@ mod plan;
 mod serve;
 mod serve_hardening;
 mod serve_upstream;
+mod serve_wire;
 mod stale_conn;
 mod top;
