@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Does a lane keep interactive audio predictable while text floods in?
 
-Measures speech-to-text latency (p50/p95/p99 over N clips, one at a time) on this box in four
-conditions, in one run:
+Measures speech-to-text latency (p50/p95/p99 over N clips, one at a time) on this box, and what
+text gets meanwhile, in one run:
   (a) idle: clients talk to the speech server directly, nothing else running;
+  (t) text alone: the flood with audio idle, directly (what text completes when nothing competes);
   (b) text flood, clients talk to both engines directly;
   (c) the same flood through nginx as a plain reverse proxy (least_conn);
-  (d) the same flood through `headroom serve` with examples/cpu-box.toml.
+  (d) the same flood through `headroom serve` with examples/cpu-box.toml (preempt on);
+then, at a realistic duty cycle (each clip followed by a gap of --gap seconds, as a speaker pauses
+between utterances), (e) flood direct and (f) flood through headroom serve again.
 The flood is F concurrent long generations, each client starting a new one as soon as its last
-ends (after a 429 it waits Retry-After, capped at 2 s, and counts the rejection).
+ends (after a 429 it waits Retry-After, capped at 2 s, and counts the rejection). For text, each
+condition counts the requests streamed to [DONE], the tokens streamed (one content chunk = one
+token, as llama.cpp streams them, preempted streams included) and both per second; "text share" is
+the completed-requests rate as a fraction of (t), and tokens/s likewise.
 Prints a table with the ratio of each condition to (a) and what happened to text requests.
 
 Run through bench/protection.sh, which installs and starts the backends first.
@@ -60,12 +66,12 @@ class Flood:
         self.url, self.clients, self.max_tokens = url, clients, max_tokens
         self.stop = threading.Event()
         self.lock = threading.Lock()
-        self.counts = {"served": 0, "preempted": 0, "rejected_429": 0, "http_503": 0, "other": 0}
+        self.counts = {"served": 0, "preempted": 0, "rejected_429": 0, "http_503": 0, "other": 0, "tokens": 0}
         self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(clients)]
 
-    def count(self, key: str) -> None:
+    def count(self, key: str, n: int = 1) -> None:
         with self.lock:
-            self.counts[key] += 1
+            self.counts[key] += n
 
     def run(self) -> None:
         body = {
@@ -99,6 +105,8 @@ class Flood:
                         for line in r.iter_lines():
                             if line.startswith("data: "):
                                 last = line
+                                if '"content"' in line and streamed_token(line):
+                                    self.count("tokens")
                             if self.stop.is_set():
                                 break
                         else:
@@ -117,12 +125,28 @@ class Flood:
         for t in self.threads:
             t.start()
         time.sleep(3)  # let the flood reach steady state
+        with self.lock:
+            # Count only what happens while audio is measured.
+            self.counts = {k: 0 for k in self.counts}
+        self.started = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
+        with self.lock:
+            self.final = dict(self.counts)
+        self.seconds = time.perf_counter() - self.started
         self.stop.set()
         for t in self.threads:
             t.join(timeout=30)
+
+
+def streamed_token(line: str) -> bool:
+    """Whether an SSE data line carries generated text (a non-empty `delta.content`)."""
+    try:
+        choices = json.loads(line[6:]).get("choices") or []
+    except ValueError:
+        return False
+    return any((c.get("delta") or {}).get("content") for c in choices if isinstance(c, dict))
 
 
 class QueueWatch:
@@ -162,11 +186,13 @@ class QueueWatch:
                 "gateway_queue_mean": avg(self.lane), "gateway_queue_max": max(self.lane, default=0)}
 
 
-def transcribe_latencies(url: str, clips: int) -> list:
+def transcribe_latencies(url: str, clips: int, gap: float = 0.0) -> list:
     audio = FOX.read_bytes()
     out = []
     with httpx.Client(timeout=600) as c:
-        for _ in range(clips):
+        for i in range(clips):
+            if gap and i:
+                time.sleep(gap)
             t = time.perf_counter()
             r = c.post(url, files={"file": ("fox.wav", audio, "audio/wav")}, data={"model": "whisper-1"})
             elapsed = time.perf_counter() - t
@@ -256,29 +282,52 @@ def main() -> None:
     ap.add_argument("--clips", type=int, default=30)
     ap.add_argument("--flood", type=int, default=8, help="concurrent long generations")
     ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--gap", type=float, default=4.0,
+                    help="seconds between clips in the duty-cycle conditions (0 skips them)")
+    ap.add_argument("--text-seconds", type=float, default=30.0, help="length of the text-alone condition")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
 
     rows = []
+    zero = {"served": 0, "preempted": 0, "rejected_429": 0, "http_503": 0, "other": 0, "tokens": 0}
 
-    def run(name, audio_url, text_url, gateway=None):
+    def record(name, lat, counts, seconds, watch, t0):
+        counts = dict(counts)
+        counts.update(watch.summary())
+        counts["text_seconds"] = seconds
+        row = {"condition": name, "seconds": time.time() - t0, **counts}
+        if lat:
+            row.update({"p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p99": pct(lat, 0.99), "mean": statistics.mean(lat)})
+        rows.append(row)
+        audio = f"p50 {row['p50']:.3f}s p95 {row['p95']:.3f}s" if lat else "no audio"
+        print(f"  {name}: {audio}, text {counts}", file=sys.stderr, flush=True)
+
+    def run(name, audio_url, text_url, gateway=None, gap=0.0):
         t0 = time.time()
         with QueueWatch(args.llama, gateway) as watch:
             if text_url is None:
-                lat = transcribe_latencies(audio_url, args.clips)
-                counts = {"served": 0, "preempted": 0, "rejected_429": 0, "http_503": 0, "other": 0}
+                lat = transcribe_latencies(audio_url, args.clips, gap)
+                counts, seconds = zero, 0.0
             else:
                 with Flood(text_url, args.flood, args.max_tokens) as flood:
-                    lat = transcribe_latencies(audio_url, args.clips)
-                counts = dict(flood.counts)
-        counts.update(watch.summary())
-        rows.append({"condition": name, "p50": pct(lat, 0.5), "p95": pct(lat, 0.95), "p99": pct(lat, 0.99),
-                     "mean": statistics.mean(lat), "seconds": time.time() - t0, **counts})
-        print(f"  {name}: p50 {rows[-1]['p50']:.3f}s p99 {rows[-1]['p99']:.3f}s, text {counts}", file=sys.stderr, flush=True)
+                    lat = transcribe_latencies(audio_url, args.clips, gap)
+                counts, seconds = flood.final, flood.seconds
+        record(name, lat, counts, seconds, watch, t0)
 
-    print(f"protection benchmark: {args.clips} clips, flood of {args.flood} × {args.max_tokens} tokens", file=sys.stderr)
-    run("(a) idle, direct", f"{args.whisper}/v1/audio/transcriptions", None)
-    run("(b) flood, direct", f"{args.whisper}/v1/audio/transcriptions", f"{args.llama}/v1/chat/completions")
+    def text_alone(name, text_url):
+        t0 = time.time()
+        with QueueWatch(args.llama, None) as watch:
+            with Flood(text_url, args.flood, args.max_tokens) as flood:
+                time.sleep(args.text_seconds)
+        record(name, [], flood.final, flood.seconds, watch, t0)
+
+    print(f"protection benchmark: {args.clips} clips, flood of {args.flood} × {args.max_tokens} tokens, "
+          f"duty-cycle gap {args.gap} s", file=sys.stderr)
+    whisper = f"{args.whisper}/v1/audio/transcriptions"
+    llama = f"{args.llama}/v1/chat/completions"
+    run("(a) idle, direct", whisper, None)
+    text_alone("(t) text alone, direct", llama)
+    run("(b) flood, direct", whisper, llama)
     nginx, nbase = start_nginx(args.llama, args.whisper)
     try:
         run("(c) flood, nginx least_conn", f"{nbase}/v1/audio/transcriptions", f"{nbase}/v1/chat/completions")
@@ -287,22 +336,53 @@ def main() -> None:
     hr, hbase = start_headroom(args.headroom, args.llama, args.whisper)
     try:
         run("(d) flood, headroom serve", f"{hbase}/v1/audio/transcriptions", f"{hbase}/v1/chat/completions", hbase)
+        if args.gap > 0:
+            run(f"(f) gap {args.gap:g}s, headroom", f"{hbase}/v1/audio/transcriptions",
+                f"{hbase}/v1/chat/completions", hbase, args.gap)
     finally:
         stop(hr)
+    if args.gap > 0:
+        run(f"(e) gap {args.gap:g}s, flood direct", whisper, llama, gap=args.gap)
 
+    report(rows, args)
+
+
+def report(rows: list, args) -> None:
     base = rows[0]
+    text = next(r for r in rows if r["condition"].startswith("(t)"))
+    rate = lambda r, k: r[k] / r["text_seconds"] if r["text_seconds"] else 0.0  # noqa: E731
+    t_done, t_tok = rate(text, "served"), rate(text, "tokens")
     print()
-    print(f"{'condition':<30} {'p50 s':>7} {'p95 s':>7} {'p99 s':>7} {'p50/(a)':>8} {'p99/(a)':>8} "
-          f"{'served':>7} {'preempt':>8} {'429':>5} {'503':>5} {'other':>6} {'queued in engine':>17} {'queued in gateway':>18}")
+    print(f"{'condition':<30} {'p50 s':>7} {'p95 s':>7} {'p99 s':>7} {'p95/(a)':>8} "
+          f"{'done':>5} {'done/s':>7} {'tok/s':>7} {'share':>6} {'tok share':>9} "
+          f"{'preempt':>8} {'429':>5} {'503':>5} {'other':>6} {'queued in engine':>17} {'queued in gateway':>18}")
     for r in rows:
-        print(f"{r['condition']:<30} {r['p50']:>7.3f} {r['p95']:>7.3f} {r['p99']:>7.3f} "
-              f"{r['p50'] / base['p50']:>8.2f} {r['p99'] / base['p99']:>8.2f} {r['served']:>7} {r['preempted']:>8} {r['rejected_429']:>5} {r['http_503']:>5} {r['other']:>6} "
-              f"{r['engine_queue_mean']:>8.1f} (max {r['engine_queue_max']:>2.0f}) {r['gateway_queue_mean']:>9.1f} (max {r['gateway_queue_max']:>2.0f})")
-    print("text requests during each condition: served = streamed to [DONE]; preempt = stopped by audio work;")
-    print("429/503 = answered by the gateway (client waits Retry-After); queued = waiting, sampled every 0.25 s")
+        audio = (f"{r['p50']:>7.3f} {r['p95']:>7.3f} {r['p99']:>7.3f} {r['p95'] / base['p95']:>8.2f}"
+                 if "p50" in r else f"{'-':>7} {'-':>7} {'-':>7} {'-':>8}")
+        if r["text_seconds"]:
+            share = f"{rate(r, 'served') / t_done:>6.2f}" if t_done else f"{'n/a':>6}"
+            tshare = f"{rate(r, 'tokens') / t_tok:>9.2f}" if t_tok else f"{'n/a':>9}"
+            textcols = f"{r['served']:>5} {rate(r, 'served'):>7.3f} {rate(r, 'tokens'):>7.1f} {share} {tshare}"
+        else:
+            textcols = f"{'-':>5} {'-':>7} {'-':>7} {'-':>6} {'-':>9}"
+        print(f"{r['condition']:<30} {audio} {textcols} {r['preempted']:>8} {r['rejected_429']:>5} {r['http_503']:>5} "
+              f"{r['other']:>6} {r['engine_queue_mean']:>8.1f} (max {r['engine_queue_max']:>2.0f}) "
+              f"{r['gateway_queue_mean']:>9.1f} (max {r['gateway_queue_max']:>2.0f})")
+    print("text during each condition: done = streamed to [DONE]; tok/s = content chunks streamed per second")
+    print("(preempted streams included); share = done/s and tok share = tok/s as fractions of (t) text alone;")
+    print("preempt = stopped by audio work; 429/503 = answered by the gateway (client waits Retry-After);")
+    print("queued = waiting, sampled every 0.25 s")
+    print()
+    print(f"target (audio p95 <= 1.2 x idle with preempt on, text still completing; load average "
+          f"{os.getloadavg()[0]:.2f}):")
+    for r in rows:
+        if "headroom" in r["condition"]:
+            ratio = r["p95"] / base["p95"]
+            share = rate(r, "served") / t_done if t_done else 0.0
+            print(f"  {r['condition']:<28} p95 {ratio:.2f}x idle {'PASS' if ratio <= 1.2 else 'FAIL'}; "
+                  f"text completes {share:.0%} of (t) ({rate(r, 'tokens') / t_tok if t_tok else 0:.0%} of its tokens/s)")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(rows, indent=2))
-
 
 if __name__ == "__main__":
     main()

@@ -19,6 +19,7 @@ mod serve;
 mod serve_config;
 mod serve_hardening;
 mod serve_upstream;
+mod serve_wire;
 mod stale_conn;
 mod top;
 mod ui;

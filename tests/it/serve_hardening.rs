@@ -461,3 +461,102 @@ async fn lanes_sharing_an_upstream_count_its_inflight_together() {
     assert_eq!(hold.await.unwrap(), 200);
     g.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_redirect_is_passed_back_not_followed() {
+    let _serial = SERIAL.lock().await;
+    use axum::routing::{any, post};
+    let followed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = followed.clone();
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(|| async {
+                (
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, "/elsewhere")],
+                    "",
+                )
+            }),
+        )
+        .route(
+            "/elsewhere",
+            any(move || {
+                let seen = seen.clone();
+                async move {
+                    seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    "followed"
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{up}\"]\n"
+    );
+    let g = gateway(&toml).await;
+    let c = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = chat(&c, &base(&g), "redirect", &[], false).await;
+    assert_eq!(r.status(), 307);
+    assert_eq!(r.headers()["location"], "/elsewhere");
+    assert_eq!(
+        followed.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the gateway followed the redirect (a POST turned into a GET elsewhere)"
+    );
+    g.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_replicas_metrics_stale_only_that_replica() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    *up.metrics_text.lock().unwrap() =
+        "vllm:num_requests_waiting{model_name=\"m\"} 0\nvllm:num_requests_running{model_name=\"m\"} 1\n"
+            .into();
+    // Six replicas that accept connections and never answer (each scrape times out).
+    let hung: Vec<std::net::TcpListener> = (0..6)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut upstreams: Vec<String> = hung
+        .iter()
+        .map(|l| format!("\"http://{}\"", l.local_addr().unwrap()))
+        .collect();
+    upstreams.push(format!("\"{}\"", up.url()));
+    let live = upstreams.len() - 1;
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\nscrape_interval = \"100ms\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [{}]\nmax_inflight = 4\nengine = \"vllm\"\nengine_max_waiting = 2\nengine_metrics_stale_after = \"2s\"\n",
+        upstreams.join(", ")
+    );
+    let g = gateway(&toml).await;
+    let (c, b) = (client(), base(&g));
+    // The live replica's reading stays fresh although the hung ones time out every round (read
+    // one after the other, it was refreshed only once per six timeouts).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut oldest = 0.0f64;
+    for _ in 0..10 {
+        let s = crate::serve::admin(&c, &b).await;
+        let ups = &crate::serve::lane(&s, "text")["upstreams"];
+        let age = ups[live]["metrics_age_seconds"]
+            .as_f64()
+            .expect("live replica was read");
+        oldest = oldest.max(age);
+        assert!(ups[0]["metrics_age_seconds"].is_null(), "{ups}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("live replica's metrics at most {oldest:.3} s old beside six hung replicas");
+    assert!(oldest < 0.45, "live replica's metrics were {oldest} s old");
+    // The lane still admits, on the live replica.
+    let r = chat(&c, &b, "served", &[], false).await;
+    assert_eq!(r.status(), 200);
+    assert!(up.log.get("served").is_some());
+    drop(hung);
+    g.shutdown().await.unwrap();
+}

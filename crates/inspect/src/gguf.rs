@@ -218,8 +218,13 @@ pub fn read_gguf(reader: impl Read, file: &str) -> Result<GgufMeta, InspectError
         let _offset = r.u64()?;
         let (block, size) = ggml_block(ggml_type)
             .ok_or_else(|| r.err(format!("tensor '{name}' has unknown ggml type {ggml_type}")))?;
-        let elements: u64 = dims.iter().product();
-        let bytes = elements.div_ceil(block) * size;
+        // Dimensions come from the file: a product or size past u64 is a broken file, not a
+        // model (found by the fuzz harness: it overflowed here).
+        let bytes = dims
+            .iter()
+            .try_fold(1u64, |acc, d| acc.checked_mul(*d))
+            .and_then(|elements| elements.div_ceil(block).checked_mul(size))
+            .ok_or_else(|| r.err(format!("tensor '{name}' is larger than 2^64 bytes")))?;
         tensors.push(TensorInfo {
             name,
             dims,
@@ -240,7 +245,9 @@ impl GgufMeta {
     }
 
     pub fn tensor_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.bytes).sum()
+        self.tensors
+            .iter()
+            .fold(0u64, |acc, t| acc.saturating_add(t.bytes))
     }
 
     /// A spec from `{arch}.*` keys; weights exact from the tensor table.

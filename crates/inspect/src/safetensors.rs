@@ -82,12 +82,18 @@ pub fn read_header(mut reader: impl Read, file: &str) -> Result<HeaderSummary, I
             "header length {n} is outside 1..={MAX_HEADER_BYTES}: not a safetensors file"
         )));
     }
-    let mut header = vec![0u8; n as usize];
-    reader.read_exact(&mut header).map_err(|_| {
-        malformed(format!(
+    // The buffer grows with the bytes that actually arrive: a length field alone never makes
+    // this allocate (the cap above bounds what a real header may take).
+    let mut header = Vec::new();
+    let got = (&mut reader)
+        .take(n)
+        .read_to_end(&mut header)
+        .map_err(|_| malformed(format!("header declares {n} bytes but cannot be read")))?;
+    if got as u64 != n {
+        return Err(malformed(format!(
             "header declares {n} bytes but the file ends sooner"
-        ))
-    })?;
+        )));
+    }
     let json: BTreeMap<String, Value> = serde_json::from_slice(&header)
         .map_err(|e| malformed(format!("header is not valid JSON: {e}")))?;
     let mut summary = HeaderSummary {

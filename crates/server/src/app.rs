@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::inspect::last_user_text;
 use crate::proxy::header as hname;
 use crate::request::{self, Route};
-use crate::telemetry::{BAD_REQUESTS_TOTAL, FALLBACKS_TOTAL, Telemetry};
+use crate::telemetry::{BAD_REQUESTS_TOTAL, Telemetry};
 
 /// Header a client may send to shorten its own deadline (milliseconds).
 pub const TIMEOUT_HEADER: &str = "x-headroom-timeout-ms";
@@ -180,18 +180,16 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
 /// The rule-based cleanup answer given instead of the LLM's when a lane's policy falls back.
 pub(crate) fn fallback_response(
     s: &AppState,
-    lane: &str,
+    lane_index: usize,
     request: &Value,
     stream: bool,
 ) -> Response {
-    s.telemetry
-        .counter(FALLBACKS_TOTAL, &[("lane", lane)])
-        .increment(1);
-    s.telemetry.outcome(lane, "fallback");
+    s.telemetry.fallback(lane_index);
+    s.telemetry.lane_outcome(lane_index, "fallback");
+    let lane = s.telemetry.lane_name(lane_index);
     let text = clean_transcript(&last_user_text(request));
     // The answer names what produced it, never the LLM the client asked for.
     let model = FALLBACK_MODEL;
-    let _ = request.get("model");
     let id = format!(
         "chatcmpl-headroom-{}",
         s.fallback_ids.fetch_add(1, Ordering::Relaxed)

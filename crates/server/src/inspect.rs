@@ -25,7 +25,6 @@ pub enum JsonRoute {
 /// What the gateway learned from a JSON body.
 #[derive(Debug, Clone)]
 pub struct JsonRequest {
-    pub value: Value,
     pub model: String,
     pub stream: bool,
     /// Seconds of audio inside chat messages, when any is carried.
@@ -39,6 +38,183 @@ pub struct JsonRequest {
     pub token_ids: u64,
     /// The field carrying the output-token ask and its value.
     pub max_tokens: Option<(&'static str, u64)>,
+}
+
+/// The fields admission reads from a JSON body, and nothing else: every other field (tools,
+/// sampling settings, names, ...) is skipped by the parser without being built into a tree, and
+/// of each message only `content` is kept. The body itself is forwarded as received; a tree is
+/// built only where a body is rewritten. A later duplicate key wins, as in a full parse.
+#[derive(Default)]
+struct Fields {
+    model: Option<Value>,
+    stream: Option<Value>,
+    max_tokens: Option<Value>,
+    max_completion_tokens: Option<Value>,
+    messages: Option<Messages>,
+    prompt: Option<Value>,
+    input: Option<Value>,
+}
+
+/// `messages`: an array (the content of each element that is an object), or anything else.
+enum Messages {
+    List(Vec<Content>),
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Fields {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Fields, A::Error> {
+                let mut out = Fields::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let slot = match key.as_ref() {
+                        "model" => &mut out.model,
+                        "stream" => &mut out.stream,
+                        "max_tokens" => &mut out.max_tokens,
+                        "max_completion_tokens" => &mut out.max_completion_tokens,
+                        "prompt" => &mut out.prompt,
+                        "input" => &mut out.input,
+                        "messages" => {
+                            out.messages = Some(map.next_value::<Messages>()?);
+                            continue;
+                        }
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = Some(map.next_value()?);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Messages {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Messages, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Messages;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Messages, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(256));
+                while let Some(m) = seq.next_element::<Content>()? {
+                    out.push(m);
+                }
+                Ok(Messages::List(out))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Messages, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Messages::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
+                Ok(Messages::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
+                Ok(Messages::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
+                Ok(Messages::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
+                Ok(Messages::Other)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Messages, E> {
+                Ok(Messages::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Messages, E> {
+                Ok(Messages::Other)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One element of `messages`: whether it is an object, and its `role` and `content` when it has
+/// them (what the shape check and the token estimate need; the rest is skipped).
+#[derive(Default)]
+struct Content {
+    object: bool,
+    role: Option<Value>,
+    content: Option<Value>,
+}
+
+impl<'de> serde::Deserialize<'de> for Content {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Content, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Content;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Content, A::Error> {
+                let mut out = Content {
+                    object: true,
+                    ..Content::default()
+                };
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match key.as_ref() {
+                        "content" => out.content = Some(map.next_value::<Value>()?),
+                        "role" => out.role = Some(map.next_value::<Value>()?),
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(out)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Content, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Content::default())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+            fn visit_unit<E>(self) -> Result<Content, E> {
+                Ok(Content::default())
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// Nesting depth of a JSON text, ignoring brackets inside strings. Stops counting past `limit`.
@@ -127,22 +303,17 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels"),
         ));
     }
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::bad_request(
-            "invalid_json",
-            None,
-            format!("request body is not valid JSON: {e}"),
-        )
+    let fields: Fields = serde_json::from_slice(bytes).map_err(|e| {
+        let message =
+            if e.is_data() && bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+                "request body must be a JSON object".to_string()
+            } else {
+                format!("request body is not valid JSON: {e}")
+            };
+        ApiError::bad_request("invalid_json", None, message)
     })?;
-    let Some(obj) = value.as_object() else {
-        return Err(ApiError::bad_request(
-            "invalid_json",
-            None,
-            "request body must be a JSON object",
-        ));
-    };
-    let model = match obj.get("model") {
-        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+    let model = match fields.model {
+        Some(Value::String(s)) if !s.trim().is_empty() => s,
         Some(Value::String(_)) | None | Some(Value::Null) => {
             return Err(ApiError::bad_request(
                 "missing_model",
@@ -159,9 +330,9 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             .with_param(Some("model")));
         }
     };
-    let stream = match obj.get("stream") {
+    let stream = match fields.stream {
         None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
+        Some(Value::Bool(b)) => b,
         Some(_) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -172,8 +343,11 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
         }
     };
     let mut max_tokens = None;
-    for field in ["max_tokens", "max_completion_tokens"] {
-        match obj.get(field) {
+    for (field, value) in [
+        ("max_tokens", &fields.max_tokens),
+        ("max_completion_tokens", &fields.max_completion_tokens),
+    ] {
+        match value {
             None | Some(Value::Null) => {}
             Some(v) => match v.as_u64() {
                 Some(n) if n >= 1 => max_tokens = Some((field, n)),
@@ -193,8 +367,8 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
     let mut has_audio = false;
     match route {
         JsonRoute::Chat => {
-            let messages = match obj.get("messages") {
-                Some(Value::Array(m)) => m,
+            let messages = match fields.messages {
+                Some(Messages::List(m)) => m,
                 None => {
                     return Err(ApiError::bad_request(
                         "missing_field",
@@ -202,7 +376,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
                         "`messages` is required",
                     ));
                 }
-                Some(_) => {
+                Some(Messages::Other) => {
                     return Err(ApiError::new(
                         StatusCode::UNPROCESSABLE_ENTITY,
                         "invalid_type",
@@ -211,12 +385,12 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
                     .with_param(Some("messages")));
                 }
             };
-            check_messages(messages)?;
-            for m in messages {
-                match m.get("content") {
-                    Some(Value::String(s)) => texts.push(s.clone()),
+            check_messages(&messages)?;
+            for content in messages.into_iter().map(|m| m.content) {
+                match content {
+                    Some(Value::String(s)) => texts.push(s),
                     Some(Value::Array(parts)) => {
-                        for part in parts {
+                        for part in &parts {
                             if let Some(t) = part.get("text").and_then(Value::as_str) {
                                 texts.push(t.to_string());
                             }
@@ -232,10 +406,10 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
                 }
             }
         }
-        JsonRoute::Completions => match obj.get("prompt") {
-            Some(Value::String(s)) => texts.push(s.clone()),
+        JsonRoute::Completions => match fields.prompt {
+            Some(Value::String(s)) => texts.push(s),
             Some(Value::Array(items)) => {
-                for i in items {
+                for i in &items {
                     if let Some(s) = i.as_str() {
                         texts.push(s.to_string());
                     } else {
@@ -246,8 +420,8 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             }
             _ => {}
         },
-        JsonRoute::Speech => match obj.get("input") {
-            Some(Value::String(s)) => texts.push(s.clone()),
+        JsonRoute::Speech => match fields.input {
+            Some(Value::String(s)) => texts.push(s),
             _ => {
                 return Err(ApiError::bad_request(
                     "missing_field",
@@ -266,7 +440,6 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
         texts,
         token_ids,
         max_tokens,
-        value,
     })
 }
 
@@ -283,7 +456,7 @@ pub const CHAT_ROLES: &[&str] = &[
 /// Rejects message shapes the OpenAI API rejects (400 `invalid_request_error`), before they are
 /// forwarded: an empty list, a message that is not an object, a missing or unknown role, content
 /// that is neither a string nor a list of typed parts (null only where a role may omit it).
-pub fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
+fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "invalid_value",
@@ -292,14 +465,14 @@ pub fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
         ));
     }
     for (i, m) in messages.iter().enumerate() {
-        let Some(obj) = m.as_object() else {
+        if !m.object {
             return Err(ApiError::bad_request(
                 "invalid_type",
                 Some(&format!("messages[{i}]")),
                 format!("`messages[{i}]` must be an object"),
             ));
-        };
-        let role = match obj.get("role") {
+        }
+        let role = match &m.role {
             Some(Value::String(r)) => r.as_str(),
             None | Some(Value::Null) => {
                 return Err(ApiError::bad_request(
@@ -328,7 +501,7 @@ pub fn check_messages(messages: &[Value]) -> Result<(), ApiError> {
             ));
         }
         let content_param = format!("messages[{i}].content");
-        match obj.get("content") {
+        match &m.content {
             Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
                 for (j, part) in parts.iter().enumerate() {
@@ -502,6 +675,44 @@ mod tests {
         assert_eq!(r.input_tokens_estimate, 2);
         assert_eq!(r.max_tokens, Some(("max_tokens", 5)));
         assert!(r.stream);
-        assert_eq!(last_user_text(&r.value), "abcdefgh");
+        let value: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(last_user_text(&value), "abcdefgh");
+    }
+
+    #[test]
+    fn scan_reads_only_the_fields_it_needs_and_keeps_full_parse_answers() {
+        // Unknown fields of any shape are skipped (in messages too); the last duplicate key wins,
+        // as serde_json's tree keeps it. (Messages that are not objects are a 400: see
+        // message_shapes_the_openai_api_rejects_are_400.)
+        let body = br#"{"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,{"b":null}]}}}],
+            "model":"a","model":"b","temperature":0.5,"stream":false,
+            "messages":[{"role":"user","name":"n","extra":[1,{"x":null}],"content":"hello"},{"role":"user","content":[{"type":"text","text":"yo"}]}]}"#;
+        let r = parse_json(JsonRoute::Chat, body).unwrap();
+        assert_eq!(r.model, "b");
+        assert_eq!(r.texts, vec!["hello".to_string(), "yo".to_string()]);
+        assert!(!r.stream);
+        let code = |b: &[u8]| parse_json(JsonRoute::Chat, b).unwrap_err();
+        let e = code(b"[1,2]");
+        assert_eq!(
+            (e.code.as_str(), e.message.as_str()),
+            ("invalid_json", "request body must be a JSON object")
+        );
+        assert_eq!(code(br#"{"model":"m","messages":"#).code, "invalid_json");
+        let e = code(br#"{"model":"m","messages":null}"#);
+        assert_eq!(
+            (e.status, e.code.as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_type")
+        );
+        let e = code(br#"{"model":"m","messages":{"role":"user"}}"#);
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(code(br#"{"messages":[]}"#).code, "missing_model");
+        assert_eq!(
+            code(br#"{"model":"m","stream":"yes","messages":[]}"#).code,
+            "invalid_type"
+        );
+        assert_eq!(
+            code(br#"{"model":"m","max_tokens":0,"messages":[]}"#).code,
+            "invalid_value"
+        );
     }
 }

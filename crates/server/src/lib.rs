@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use headroom_gate::Gate;
 use headroom_gpu::{GpuProbe, HostPool};
 use tokio::net::TcpListener;
@@ -105,9 +106,11 @@ impl Gateway {
             // A redirect would turn the POST into a GET at another address; the client gets the
             // upstream's 3xx as it is instead.
             .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
             .build()
             .map_err(|e| ServeError::Client(e.to_string()))?;
-        let telemetry = Arc::new(telemetry::Telemetry::new());
+        let names: Vec<&str> = config.lanes.iter().map(|l| l.spec.name.as_str()).collect();
+        let telemetry = Arc::new(telemetry::Telemetry::for_lanes(&names));
         telemetry.describe_lanes(&config.lane_specs());
         telemetry.describe_lane_kinds(&config.lanes);
         Ok(Gateway {
@@ -224,6 +227,11 @@ impl Gateway {
         let gate = state.gate.clone();
         let grace = state.config.shutdown_grace;
         let app = app::router(state.clone());
+        // Responses are written whole (head and body together) or as SSE events that must leave
+        // at once: Nagle's algorithm would only hold small writes back for the client's ACK.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             gate.start_draining();

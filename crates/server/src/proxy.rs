@@ -15,7 +15,7 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
-use crate::telemetry::{REQUEST_DURATION_SECONDS, TTFT_SECONDS, Telemetry};
+use crate::telemetry::Telemetry;
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -82,17 +82,17 @@ pub fn client_response_headers(upstream: &HeaderMap) -> HeaderMap {
 /// whichever path ends it (including the client going away, which drops this).
 pub struct Flight {
     telemetry: Arc<Telemetry>,
-    lane: String,
+    lane: usize,
     arrival: Instant,
     permit: Option<Permit>,
     finished: bool,
 }
 
 impl Flight {
-    pub fn new(telemetry: Arc<Telemetry>, lane: &str, arrival: Instant, permit: Permit) -> Flight {
+    pub fn new(telemetry: Arc<Telemetry>, arrival: Instant, permit: Permit) -> Flight {
         Flight {
             telemetry,
-            lane: lane.to_string(),
+            lane: permit.lane_index(),
             arrival,
             permit: Some(permit),
             finished: false,
@@ -100,7 +100,7 @@ impl Flight {
     }
 
     pub fn lane(&self) -> &str {
-        &self.lane
+        self.telemetry.lane_name(self.lane)
     }
 
     /// The held permit (until the flight finishes).
@@ -115,16 +115,14 @@ impl Flight {
         }
         self.finished = true;
         self.permit.take();
-        self.telemetry.outcome(&self.lane, outcome);
+        self.telemetry.lane_outcome(self.lane, outcome);
         self.telemetry
-            .histogram(REQUEST_DURATION_SECONDS, &[("lane", &self.lane)])
-            .record(self.arrival.elapsed().as_secs_f64());
+            .request_duration(self.lane, self.arrival.elapsed().as_secs_f64());
     }
 
     fn first_byte(&self) {
         self.telemetry
-            .histogram(TTFT_SECONDS, &[("lane", &self.lane)])
-            .record(self.arrival.elapsed().as_secs_f64());
+            .ttft(self.lane, self.arrival.elapsed().as_secs_f64());
     }
 }
 
@@ -148,6 +146,9 @@ pub struct Passthrough {
     preempted: Option<Pin<Box<OwnedNotified>>>,
     /// The last bytes passed to the client (at most 4), to tell whether an SSE event is open.
     tail: Vec<u8>,
+    /// Bytes still to come when the upstream said how many: the server stops polling a sized body
+    /// once it has all of them, so the flight ends with the last byte, not with a final poll.
+    remaining: Option<u64>,
 }
 
 /// Whether an SSE stream whose last bytes were `tail` stands between two events (nothing sent
@@ -181,6 +182,7 @@ impl Passthrough {
         sse: bool,
     ) -> Passthrough {
         Passthrough {
+            remaining: response.content_length(),
             inner: Some(Box::pin(response.bytes_stream())),
             flight,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
@@ -225,17 +227,10 @@ impl Stream for Passthrough {
         if this.done {
             return Poll::Ready(None);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
-            return this.end_with(e, "deadline");
-        }
-        if let Some(waiter) = this.preempted.as_mut()
-            && waiter.as_mut().poll(cx).is_ready()
-        {
-            this.preempted = None;
-            let e = ApiError::preempted(this.flight.lane());
-            return this.end_with(e, "preempted");
-        }
+        // What the upstream has already sent goes out first: a deadline or a preemption that
+        // comes due after the last byte must not turn a complete response into an aborted one
+        // (with a known length, the client has it whole and reuses the connection the abort
+        // then closes).
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -251,7 +246,15 @@ impl Stream for Passthrough {
                     let excess = this.tail.len().saturating_sub(4);
                     this.tail.drain(..excess);
                 }
-                Poll::Ready(Some(Ok(chunk)))
+                if let Some(left) = this.remaining.as_mut() {
+                    *left = left.saturating_sub(chunk.len() as u64);
+                    if *left == 0 {
+                        this.done = true;
+                        this.inner = None;
+                        this.flight.finish("ok");
+                    }
+                }
+                return Poll::Ready(Some(Ok(chunk)));
             }
             Poll::Ready(Some(Err(_))) => {
                 let e = ApiError::new(
@@ -259,16 +262,28 @@ impl Stream for Passthrough {
                     "upstream_stream_error",
                     "the upstream connection failed in the middle of the response",
                 );
-                this.end_with(e, "upstream_error")
+                return this.end_with(e, "upstream_error");
             }
             Poll::Ready(None) => {
                 this.done = true;
                 this.inner = None;
                 this.flight.finish("ok");
-                Poll::Ready(None)
+                return Poll::Ready(None);
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {}
         }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
+            return this.end_with(e, "deadline");
+        }
+        if let Some(waiter) = this.preempted.as_mut()
+            && waiter.as_mut().poll(cx).is_ready()
+        {
+            this.preempted = None;
+            let e = ApiError::preempted(this.flight.lane());
+            return this.end_with(e, "preempted");
+        }
+        Poll::Pending
     }
 }
 

@@ -1,7 +1,10 @@
 //! The gateway's own Prometheus metrics: one recorder per gateway (no global state, so several
-//! gateways can share a process), the metric names, rendering for `/metrics`, and the upkeep task
-//! that folds recorded histogram samples into their buckets so memory stays bounded whether or not
-//! anyone scrapes.
+//! gateways can share a process), the metric names, each lane's per-request handles (registered
+//! once, so the request path builds no label strings), rendering for `/metrics`, and the upkeep
+//! task that folds recorded histogram samples into their buckets so memory stays bounded whether
+//! or not anyone scrapes.
+
+use std::sync::OnceLock;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -63,10 +66,61 @@ static METADATA: Metadata<'static> =
 /// upkeeps the raw samples wait in a lock-free list (8 bytes each), so this bounds that list to
 /// what one interval's traffic records.
 pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// Request outcomes the gateway counts; any other outcome is registered on use.
+const OUTCOMES: &[&str] = &[
+    "ok",
+    "client_disconnected",
+    "deadline",
+    "preempted",
+    "upstream_error",
+    "queue_timeout",
+    "shutting_down",
+    "rejected",
+    "fallback",
+];
+
+/// Rejection reasons (the gate's codes); any other is registered on use.
+const REASONS: &[&str] = &[
+    "lane_queue_full",
+    "lane_saturated",
+    "gpu_memory",
+    "engine_saturated",
+    "lane_yielding",
+    "device_saturated",
+    "queue_timeout",
+    "shutting_down",
+];
+
+/// One lane's per-request metric handles. Each is registered the first time it is used (so
+/// `/metrics` shows only series that happened) and then reused: recording is an atomic update.
+struct LaneMetrics {
+    name: String,
+    queue_wait: OnceLock<Histogram>,
+    ttft: OnceLock<Histogram>,
+    duration: OnceLock<Histogram>,
+    fallbacks: OnceLock<Counter>,
+    outcomes: Vec<OnceLock<Counter>>,
+    rejections: Vec<OnceLock<Counter>>,
+}
+
+impl LaneMetrics {
+    fn new(name: &str) -> LaneMetrics {
+        LaneMetrics {
+            name: name.to_string(),
+            queue_wait: OnceLock::new(),
+            ttft: OnceLock::new(),
+            duration: OnceLock::new(),
+            fallbacks: OnceLock::new(),
+            outcomes: OUTCOMES.iter().map(|_| OnceLock::new()).collect(),
+            rejections: REASONS.iter().map(|_| OnceLock::new()).collect(),
+        }
+    }
+}
 
 /// The gateway's metrics registry.
 pub struct Telemetry {
     recorder: PrometheusRecorder,
+    lanes: Vec<LaneMetrics>,
 }
 
 impl Default for Telemetry {
@@ -85,11 +139,100 @@ fn key(name: &'static str, labels: &[(&'static str, &str)]) -> Key {
 
 impl Telemetry {
     pub fn new() -> Telemetry {
+        Telemetry::for_lanes(&[])
+    }
+
+    /// A registry with per-request handles for these lanes (by index, as the gate numbers them).
+    pub fn for_lanes(lanes: &[&str]) -> Telemetry {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
             .expect("bucket list is not empty");
         Telemetry {
             recorder: builder.build_recorder(),
+            lanes: lanes.iter().map(|l| LaneMetrics::new(l)).collect(),
+        }
+    }
+
+    /// The name of lane `lane`, as registered.
+    pub fn lane_name(&self, lane: usize) -> &str {
+        self.lanes.get(lane).map(|l| l.name.as_str()).unwrap_or("?")
+    }
+
+    fn lane_histogram(
+        &self,
+        lane: usize,
+        name: &'static str,
+        pick: impl Fn(&LaneMetrics) -> &OnceLock<Histogram>,
+    ) -> Histogram {
+        match self.lanes.get(lane) {
+            Some(l) => pick(l)
+                .get_or_init(|| self.histogram(name, &[("lane", &l.name)]))
+                .clone(),
+            None => self.histogram(name, &[("lane", "?")]),
+        }
+    }
+
+    /// Records how long a request of `lane` waited for admission.
+    pub fn queue_wait(&self, lane: usize, seconds: f64) {
+        self.lane_histogram(lane, QUEUE_WAIT_SECONDS, |l| &l.queue_wait)
+            .record(seconds);
+    }
+
+    /// Records the time to the first response byte of a request of `lane`.
+    pub fn ttft(&self, lane: usize, seconds: f64) {
+        self.lane_histogram(lane, TTFT_SECONDS, |l| &l.ttft)
+            .record(seconds);
+    }
+
+    /// Records the whole duration of a request of `lane`.
+    pub fn request_duration(&self, lane: usize, seconds: f64) {
+        self.lane_histogram(lane, REQUEST_DURATION_SECONDS, |l| &l.duration)
+            .record(seconds);
+    }
+
+    /// Counts one finished request of `lane` by outcome.
+    pub fn lane_outcome(&self, lane: usize, outcome: &str) {
+        let (Some(l), Some(i)) = (
+            self.lanes.get(lane),
+            OUTCOMES.iter().position(|o| *o == outcome),
+        ) else {
+            return self.outcome(self.lane_name(lane), outcome);
+        };
+        l.outcomes[i]
+            .get_or_init(|| {
+                self.counter(REQUESTS_TOTAL, &[("lane", &l.name), ("outcome", outcome)])
+            })
+            .increment(1);
+    }
+
+    /// Counts one refusal of `lane` by reason code.
+    pub fn rejection(&self, lane: usize, reason: &str) {
+        let (Some(l), Some(i)) = (
+            self.lanes.get(lane),
+            REASONS.iter().position(|r| *r == reason),
+        ) else {
+            self.counter(
+                REJECTIONS_TOTAL,
+                &[("lane", self.lane_name(lane)), ("reason", reason)],
+            )
+            .increment(1);
+            return;
+        };
+        l.rejections[i]
+            .get_or_init(|| {
+                self.counter(REJECTIONS_TOTAL, &[("lane", &l.name), ("reason", reason)])
+            })
+            .increment(1);
+    }
+
+    /// Counts one fallback answer of `lane`.
+    pub fn fallback(&self, lane: usize) {
+        match self.lanes.get(lane) {
+            Some(l) => l
+                .fallbacks
+                .get_or_init(|| self.counter(FALLBACKS_TOTAL, &[("lane", &l.name)]))
+                .increment(1),
+            None => self.counter(FALLBACKS_TOTAL, &[("lane", "?")]).increment(1),
         }
     }
 

@@ -13,7 +13,7 @@ use super::{Deadline, Facts, Lane, Route};
 use crate::app::{AppState, TIMEOUT_HEADER, fallback_response};
 use crate::config::FallbackKind;
 use crate::error::ApiError;
-use crate::telemetry::{EARLY_RETRIES_TOTAL, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL};
+use crate::telemetry::EARLY_RETRIES_TOTAL;
 
 /// The deadline of a request that arrived at `arrival`.
 pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, headers: &HeaderMap) -> Deadline {
@@ -51,8 +51,7 @@ pub(super) async fn admit(
     };
     let permit = s.gate.admit(lane.index, request).await?;
     s.telemetry
-        .histogram(QUEUE_WAIT_SECONDS, &[("lane", lane.name())])
-        .record(permit.queue_wait().as_secs_f64());
+        .queue_wait(lane.index, permit.queue_wait().as_secs_f64());
     Ok(permit)
 }
 
@@ -74,24 +73,20 @@ pub(super) fn refused(
     lane: Lane<'_>,
     route: Route,
     seen: &Facts,
+    body: &[u8],
     rejection: &Rejection,
 ) -> Result<Response, ApiError> {
-    let name = lane.name();
-    s.telemetry
-        .counter(
-            REJECTIONS_TOTAL,
-            &[("lane", name), ("reason", rejection.reason.code())],
-        )
-        .increment(1);
+    s.telemetry.rejection(lane.index, rejection.reason.code());
     if rejection.fallback
         && lane.config.fallback == Some(FallbackKind::RuleBasedCleanup)
         && may_fall_back(s, lane, rejection)
         && route == Route::Chat
-        && let Some(json) = &seen.json
+        && seen.json
+        && let Ok(json) = serde_json::from_slice::<serde_json::Value>(body)
     {
-        return Ok(fallback_response(s, name, json, seen.stream));
+        return Ok(fallback_response(s, lane.index, &json, seen.stream));
     }
-    s.telemetry.outcome(name, outcome_of(rejection));
+    s.telemetry.lane_outcome(lane.index, outcome_of(rejection));
     Err(ApiError::from_rejection(rejection))
 }
 

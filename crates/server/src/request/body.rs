@@ -95,8 +95,8 @@ pub(super) async fn read(
     // The buffer grows with what arrives; a declared length only sizes it up front, never past
     // the cap.
     let capacity = declared.unwrap_or(0).min(read_cap).min(1 << 20) as usize;
+    let mut buf = BytesMut::with_capacity(capacity);
     let read = async {
-        let mut buf = BytesMut::with_capacity(capacity);
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|_| {
                 ApiError::bad_request(
@@ -111,16 +111,26 @@ pub(super) async fn read(
             }
             buf.extend_from_slice(&chunk);
         }
-        Ok(buf.freeze())
+        Ok(())
     };
-    tokio::time::timeout(read_deadline, read)
-        .await
-        .map_err(|_| {
-            ApiError::new(
+    match tokio::time::timeout(read_deadline, read).await {
+        Ok(Ok(())) => Ok(buf.freeze()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => {
+            // A slow body is answered 408; what is still arriving is read and dropped first
+            // (bounded like an oversize body's), or the close would reset the connection and
+            // destroy the 408 before the client reads it. This is what a loaded machine showed
+            // as `IncompleteMessage` in the fault test: a 150 ms lane timeout ran out mid-upload.
+            let timeout = ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
                 "body_timeout",
                 "the request body did not arrive in time",
-            )
-            .closing()
-        })?
+            );
+            Err(if drain(&mut stream).await {
+                timeout
+            } else {
+                timeout.closing()
+            })
+        }
+    }
 }

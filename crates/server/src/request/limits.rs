@@ -106,7 +106,7 @@ pub(super) fn assume_unknown_duration(lane: Lane<'_>, seen: &mut Facts) -> bool 
 
 /// In `reject` mode, an ask over the lane's output-token cap is refused (`cap` mode rewrites it).
 fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts) -> Result<(), ApiError> {
-    let (Some(cap), Some(_)) = (lane.config.max_output_tokens, &seen.json) else {
+    let Some(cap) = lane.config.max_output_tokens.filter(|_| seen.json) else {
         return Ok(());
     };
     if !matches!(route, Route::Chat | Route::Completions)

@@ -15,7 +15,6 @@ mod validate;
 
 use axum::extract::Request;
 use axum::response::Response;
-use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::app::Shared;
@@ -65,7 +64,8 @@ struct Facts {
     texts: Vec<String>,
     token_ids: u64,
     max_tokens: Option<(&'static str, u64)>,
-    json: Option<Value>,
+    /// The body is JSON (forwarded as received unless a step rewrites it).
+    json: bool,
     audio_param: &'static str,
     input_param: &'static str,
 }
@@ -100,7 +100,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
     let assumed_duration = limits::assume_unknown_duration(lane, &mut facts);
-    let forward_body = rewrite::output_tokens(lane, route, &facts, bytes);
+    let forward_body = rewrite::output_tokens(lane, route, &facts, bytes.clone());
     let deadline = admit::deadline(arrival, lane, &parts.headers);
     // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
     if let Some(e) = crate::admin_box::unavailable(&s, lane.name(), &lane.config.spec.upstreams) {
@@ -116,13 +116,13 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
                 s.retries
                     .refused(lane.name(), c, rejection.retry_after, Instant::now());
             }
-            return admit::refused(&s, lane, route, &facts, &rejection);
+            return admit::refused(&s, lane, route, &facts, &bytes, &rejection);
         }
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
     let mut url = forward::url(permit.upstream(), route, &parts.uri);
-    let mut flight = Flight::new(s.telemetry.clone(), lane.name(), arrival, permit);
+    let mut flight = Flight::new(s.telemetry.clone(), arrival, permit);
     let response = loop {
         let send = forward::send(&s, lane, &parts.headers, url, forward_body.clone());
         let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;

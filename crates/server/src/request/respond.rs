@@ -3,7 +3,7 @@
 //! passed through chunk by chunk under the deadline and preemption.
 
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use tokio::time::Instant;
 
@@ -35,6 +35,12 @@ pub(super) async fn respond(
     }
     let mut out_headers = client_response_headers(response.headers());
     let sse = is_event_stream(response.headers());
+    // Keep the upstream's length so the client gets the body as sent rather than re-chunked
+    // (one write instead of a chunk and a terminator). Not for SSE: a stream cut short by the
+    // deadline or a preemption ends with an extra error event of its own.
+    if !sse && let Some(len) = response.headers().get(header::CONTENT_LENGTH) {
+        out_headers.insert(header::CONTENT_LENGTH, len.clone());
+    }
     out_headers.insert(
         hname("x-headroom-lane"),
         HeaderValue::from_str(lane.name()).unwrap_or(HeaderValue::from_static("?")),

@@ -1,16 +1,16 @@
 //! Rewriting the body before it goes upstream: in `cap` mode, an output-token ask over the lane's
 //! cap is lowered to it, and a request without one gets the cap added. Anything else is forwarded
-//! byte for byte.
+//! byte for byte, without building the body into a JSON tree.
 
 use bytes::Bytes;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{Facts, Lane, Route};
 use crate::config::OutputTokensMode;
 
 /// The body to send upstream.
 pub(super) fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts, body: Bytes) -> Bytes {
-    let (Some(cap), Some(json)) = (lane.config.max_output_tokens, &seen.json) else {
+    let Some(cap) = lane.config.max_output_tokens.filter(|_| seen.json) else {
         return body;
     };
     if !matches!(route, Route::Chat | Route::Completions)
@@ -23,7 +23,10 @@ pub(super) fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts, body: By
         None => "max_tokens",
         Some(_) => return body,
     };
-    let mut v = json.clone();
+    // Only here is the body built into a tree; validation already parsed it, so this succeeds.
+    let Ok(mut v) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
     v[field] = json!(cap);
     Bytes::from(v.to_string())
 }

@@ -54,7 +54,7 @@ fn inspect_json(
         texts: r.texts,
         token_ids: r.token_ids,
         max_tokens: r.max_tokens,
-        json: Some(r.value),
+        json: true,
         audio_param: "messages",
         input_param,
     })
@@ -113,7 +113,7 @@ fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts, ApiEr
         texts: Vec::new(),
         token_ids: 0,
         max_tokens: None,
-        json: None,
+        json: false,
         audio_param: "file",
         input_param: "prompt",
     })
