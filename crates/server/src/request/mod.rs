@@ -107,7 +107,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
-    let url = forward::url(permit.upstream(), route, &parts.uri);
+    let url = forward::url(&s, lane, &permit, route, &parts.uri);
     let mut flight = Flight::new(s.telemetry.clone(), arrival, permit);
     let send = forward::send(&s, lane, &parts.headers, url, forward_body);
     let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
