@@ -33,6 +33,9 @@ pub const FALLBACK_HEADER: &str = "x-headroom-fallback";
 
 /// Shared state of one gateway.
 pub struct AppState {
+    /// Each lane's upstreams parsed once (by lane, then upstream index as the gate numbers them),
+    /// so a request copies a parsed URL instead of parsing and IDNA-checking the host again.
+    pub upstream_urls: Vec<Vec<Option<reqwest::Url>>>,
     pub config: ServeConfig,
     pub gate: Gate,
     pub client: reqwest::Client,
@@ -53,7 +56,19 @@ impl AppState {
         client: reqwest::Client,
         telemetry: Arc<Telemetry>,
     ) -> AppState {
+        let upstream_urls = config
+            .lanes
+            .iter()
+            .map(|l| {
+                l.spec
+                    .upstreams
+                    .iter()
+                    .map(|u| reqwest::Url::parse(u).ok())
+                    .collect()
+            })
+            .collect();
         AppState {
+            upstream_urls,
             config,
             gate,
             client,

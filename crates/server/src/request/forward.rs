@@ -5,18 +5,46 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use bytes::Bytes;
 
 use super::{Lane, Route};
+use headroom_gate::Permit;
+
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::proxy::{Flight, never_reached_upstream, upstream_request_headers};
 
-/// The URL on `upstream` for this route and query.
-pub(super) fn url(upstream: &str, route: Route, uri: &Uri) -> String {
-    format!(
-        "{}{}{}",
-        upstream,
-        route.path(),
-        uri.query().map(|q| format!("?{q}")).unwrap_or_default()
-    )
+/// The URL on the permit's upstream for this route and query: the lane's parsed base with the
+/// route's path and the client's query, or (for a base that did not parse) the joined text.
+pub(super) fn url(
+    s: &AppState,
+    lane: Lane<'_>,
+    permit: &Permit,
+    route: Route,
+    uri: &Uri,
+) -> Target {
+    let parsed = s
+        .upstream_urls
+        .get(lane.index)
+        .and_then(|l| l.get(permit.upstream_index()))
+        .and_then(Option::as_ref);
+    match parsed {
+        Some(base) if base.path() == "/" => {
+            let mut u = base.clone();
+            u.set_path(route.path());
+            u.set_query(uri.query());
+            Target::Parsed(u)
+        }
+        _ => Target::Text(format!(
+            "{}{}{}",
+            permit.upstream(),
+            route.path(),
+            uri.query().map(|q| format!("?{q}")).unwrap_or_default()
+        )),
+    }
+}
+
+/// Where a request goes: a parsed URL, or text the client parses (and reports if it cannot).
+pub(super) enum Target {
+    Parsed(reqwest::Url),
+    Text(String),
 }
 
 /// Sends the request upstream; resolves when the response head arrives.
@@ -24,7 +52,7 @@ pub(super) fn send(
     s: &AppState,
     lane: Lane<'_>,
     incoming: &HeaderMap,
-    url: String,
+    url: Target,
     body: Bytes,
 ) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
     let mut headers = upstream_request_headers(
@@ -36,12 +64,11 @@ pub(super) fn send(
     {
         headers.insert(header::AUTHORIZATION, v);
     }
-    crate::proxy::send_resending_stale(
-        s.client
-            .request(Method::POST, url)
-            .headers(headers)
-            .body(body),
-    )
+    let request = match url {
+        Target::Parsed(u) => s.client.request(Method::POST, u),
+        Target::Text(t) => s.client.request(Method::POST, t),
+    };
+    crate::proxy::send_resending_stale(request.headers(headers).body(body))
 }
 
 /// What one attempt to reach the upstream came to.

@@ -121,7 +121,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
-    let mut url = forward::url(permit.upstream(), route, &parts.uri);
+    let mut url = forward::url(&s, lane, &permit, route, &parts.uri);
     let mut flight = Flight::new(s.telemetry.clone(), arrival, permit);
     let response = loop {
         let send = forward::send(&s, lane, &parts.headers, url, forward_body.clone());
@@ -129,8 +129,11 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
         match forward::received(sent, &mut flight)? {
             forward::Attempt::Answered(response) => break response,
             forward::Attempt::Rerouted => {
-                let upstream = flight.permit_mut().map(|p| p.upstream().to_string());
-                url = forward::url(upstream.as_deref().unwrap_or_default(), route, &parts.uri);
+                // A reroute keeps the permit (it moved to another upstream).
+                url = match flight.permit_mut() {
+                    Some(p) => forward::url(&s, lane, p, route, &parts.uri),
+                    None => forward::Target::Text(String::new()),
+                };
             }
         }
     };
