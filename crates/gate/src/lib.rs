@@ -7,6 +7,7 @@ pub mod admission;
 pub mod cleanup;
 pub mod lane;
 pub mod ledger;
+pub mod load;
 pub mod pressure;
 mod upstream;
 
@@ -16,5 +17,6 @@ pub use admission::{
 };
 pub use cleanup::clean_transcript;
 pub use lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
+pub use load::{BoxLoad, LaneLoad, box_load};
 pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
 pub use pressure::{EngineLimits, EngineLoad, GpuNeed};
