@@ -14,6 +14,7 @@ mod plan_fixes;
 mod plan_llamacpp;
 mod plan_v2;
 mod serve;
+mod serve_hardening;
 mod serve_upstream;
 mod stale_conn;
 mod top;

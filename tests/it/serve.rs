@@ -13,28 +13,28 @@ use crate::serve_upstream::{self, Upstream};
 /// The gateway tests measure latency, so they run one at a time.
 pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn gateway(toml: &str) -> Running {
+pub(crate) async fn gateway(toml: &str) -> Running {
     let config = ServeConfig::from_toml(toml).expect("test config is valid");
     headroom_server::spawn(config, None)
         .await
         .expect("gateway starts")
 }
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-fn base(g: &Running) -> String {
+pub(crate) fn base(g: &Running) -> String {
     format!("http://{}", g.addr)
 }
 
-fn chat_body(stream: bool) -> String {
+pub(crate) fn chat_body(stream: bool) -> String {
     json!({"model": "test-model", "stream": stream,
            "messages": [{"role": "user", "content": "um so i think the the plan works"}]})
     .to_string()
 }
 
-async fn chat(
+pub(crate) async fn chat(
     c: &reqwest::Client,
     base: &str,
     id: &str,
@@ -52,11 +52,11 @@ async fn chat(
     rb.send().await.expect("request reaches the gateway")
 }
 
-fn wav(seconds: f64) -> Vec<u8> {
+pub(crate) fn wav(seconds: f64) -> Vec<u8> {
     headroom_server::audio::fixtures::wav(seconds, 8000, 1)
 }
 
-fn multipart_body(file: Option<&[u8]>, model: &str) -> (String, Vec<u8>) {
+pub(crate) fn multipart_body(file: Option<&[u8]>, model: &str) -> (String, Vec<u8>) {
     let boundary = "headroomtestboundary";
     let mut b = Vec::new();
     b.extend_from_slice(
@@ -74,7 +74,12 @@ fn multipart_body(file: Option<&[u8]>, model: &str) -> (String, Vec<u8>) {
     (format!("multipart/form-data; boundary={boundary}"), b)
 }
 
-async fn transcribe(c: &reqwest::Client, base: &str, id: &str, delay_ms: u64) -> reqwest::Response {
+pub(crate) async fn transcribe(
+    c: &reqwest::Client,
+    base: &str,
+    id: &str,
+    delay_ms: u64,
+) -> reqwest::Response {
     let (ct, body) = multipart_body(Some(&wav(1.0)), "whisper-1");
     c.post(format!("{base}/v1/audio/transcriptions"))
         .header("content-type", ct)
@@ -86,17 +91,17 @@ async fn transcribe(c: &reqwest::Client, base: &str, id: &str, delay_ms: u64) ->
         .expect("request reaches the gateway")
 }
 
-async fn json_of(r: reqwest::Response) -> Value {
+pub(crate) async fn json_of(r: reqwest::Response) -> Value {
     let bytes = r.bytes().await.unwrap();
     serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
 }
 
-async fn admin(c: &reqwest::Client, base: &str) -> Value {
+pub(crate) async fn admin(c: &reqwest::Client, base: &str) -> Value {
     json_of(c.get(format!("{base}/admin/lanes")).send().await.unwrap()).await
 }
 
-fn lane<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn lane<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
     snapshot["lanes"]
         .as_array()
         .unwrap()
@@ -106,7 +111,7 @@ fn lane<'a>(snapshot: &'a Value, name: &str) -> &'a Value {
 }
 
 /// Polls /admin/lanes until `pred` holds for `name` (bounded), returning the last snapshot.
-async fn wait_lane(
+pub(crate) async fn wait_lane(
     c: &reqwest::Client,
     base: &str,
     name: &str,
@@ -124,7 +129,7 @@ async fn wait_lane(
 }
 
 /// Value of one sample line of /metrics, e.g. `headroom_lane_inflight{lane="text"}`.
-async fn metric(c: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
+pub(crate) async fn metric(c: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
     let text = c
         .get(format!("{base}/metrics"))
         .send()
@@ -139,14 +144,14 @@ async fn metric(c: &reqwest::Client, base: &str, series: &str) -> Option<f64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn text_lane(up: &Upstream, extra: &str) -> String {
+pub(crate) fn text_lane(up: &Upstream, extra: &str) -> String {
     format!(
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\", \"/v1/completions\"]\nupstreams = [\"{}\"]\n{extra}\n",
         up.url()
     )
 }
 
-fn audio_lane(up: &Upstream, extra: &str) -> String {
+pub(crate) fn audio_lane(up: &Upstream, extra: &str) -> String {
     format!(
         "[[lanes]]\nname = \"audio\"\npaths = [\"/v1/audio/transcriptions\", \"/v1/audio/translations\", \"/v1/audio/speech\"]\nupstreams = [\"{}\"]\n{extra}\n",
         up.url()
@@ -931,6 +936,11 @@ async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serv
     let (_, no_file) = multipart_body(None, "whisper-1");
     let (_, good_audio) = multipart_body(Some(&wav(1.0)), "whisper-1");
     let broken = good_audio[..good_audio.len() - 30].to_vec();
+    let speech_url = format!("{b}/v1/audio/speech");
+    let (_, empty_file) = multipart_body(Some(b""), "whisper-1");
+    let unterminated = String::from_utf8_lossy(&good_audio)
+        .replacen("filename=\"a.wav\"", "filename=\"a.wav", 1)
+        .into_bytes();
     let json_ct = "application/json";
     // (name, method, url, content type, body, status, code, param)
     let cases: Vec<BadInput> = vec![
@@ -1093,6 +1103,156 @@ async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serv
             405,
             "method_not_allowed",
             None,
+        ),
+        (
+            "content is a number",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": [{"role": "user", "content": 42}]}).to_string().into_bytes(),
+            400,
+            "invalid_type",
+            Some("messages[0].content"),
+        ),
+        (
+            "content is an object",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": [{"role": "user", "content": {"text": "hi"}}]}).to_string().into_bytes(),
+            400,
+            "invalid_type",
+            Some("messages[0].content"),
+        ),
+        (
+            "a role that does not exist",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}).to_string().into_bytes(),
+            400,
+            "invalid_value",
+            Some("messages[0].role"),
+        ),
+        (
+            "a message without a role",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": [{"content": "hi"}]}).to_string().into_bytes(),
+            400,
+            "missing_field",
+            Some("messages[0].role"),
+        ),
+        (
+            "no messages",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": []}).to_string().into_bytes(),
+            400,
+            "invalid_value",
+            Some("messages"),
+        ),
+        (
+            "a content part without a type",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": [{"role": "user", "content": [{"text": "hi"}]}]}).to_string().into_bytes(),
+            400,
+            "invalid_type",
+            Some("messages[0].content[0]"),
+        ),
+        (
+            "stream is not a boolean",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": msgs, "stream": "yes"}).to_string().into_bytes(),
+            422,
+            "invalid_type",
+            Some("stream"),
+        ),
+        (
+            "model is not a string",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": 7, "messages": msgs}).to_string().into_bytes(),
+            422,
+            "invalid_type",
+            Some("model"),
+        ),
+        (
+            "body is not an object",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            b"[1, 2]".to_vec(),
+            400,
+            "invalid_json",
+            None,
+        ),
+        (
+            "zero max_completion_tokens",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": msgs, "max_completion_tokens": 0}).to_string().into_bytes(),
+            400,
+            "invalid_value",
+            Some("max_completion_tokens"),
+        ),
+        (
+            "chat audio that is not base64",
+            "POST",
+            chat_url.clone(),
+            json_ct,
+            json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "**not base64**", "format": "wav"}}]}]}).to_string().into_bytes(),
+            400,
+            "invalid_audio_encoding",
+            Some("messages"),
+        ),
+        (
+            "multipart without a boundary",
+            "POST",
+            audio_url.clone(),
+            "multipart/form-data",
+            good_audio.clone(),
+            400,
+            "invalid_multipart",
+            None,
+        ),
+        (
+            "unterminated quoted filename",
+            "POST",
+            audio_url.clone(),
+            &mp_ct,
+            unterminated.clone(),
+            400,
+            "invalid_multipart",
+            None,
+        ),
+        (
+            "an empty file part",
+            "POST",
+            audio_url.clone(),
+            &mp_ct,
+            empty_file.clone(),
+            400,
+            "missing_file",
+            Some("file"),
+        ),
+        (
+            "speech without input",
+            "POST",
+            speech_url.clone(),
+            json_ct,
+            json!({"model": "tts-1", "voice": "a"}).to_string().into_bytes(),
+            400,
+            "missing_field",
+            Some("input"),
         ),
     ];
     for (name, method, url, ct, body, status, code, param) in cases {
@@ -1455,7 +1615,10 @@ policy = "queue"
 "#;
 
 /// Starts the real binary; returns the child and the address it printed.
-fn start_binary(config: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
+pub(crate) fn start_binary(
+    config: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
         .arg("serve")
@@ -1479,7 +1642,7 @@ fn start_binary(config: &std::path::Path, extra: &[&str]) -> (std::process::Chil
     (child, addr)
 }
 
-fn sigterm(child: &std::process::Child) {
+pub(crate) fn sigterm(child: &std::process::Child) {
     let ok = std::process::Command::new("kill")
         .arg("-TERM")
         .arg(child.id().to_string())
@@ -1488,7 +1651,10 @@ fn sigterm(child: &std::process::Child) {
     assert!(ok.success());
 }
 
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+pub(crate) fn wait_exit(
+    child: &mut std::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
     let until = std::time::Instant::now() + within;
     loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -2041,7 +2207,7 @@ async fn audio_work_preempts_running_text_on_a_preemptible_lane() {
         "{}{}",
         text_lane(
             &up,
-            "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true"
+            "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true\npreempt_per_job = 2"
         ),
         audio_lane(&up, "max_inflight = 1")
     );

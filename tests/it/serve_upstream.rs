@@ -222,10 +222,18 @@ async fn generate(State(s): State<Up>, req: Request) -> Response {
         }))
         .into_response();
     }
+    let mid_event = parts.headers.contains_key("x-test-die-mid-event");
     let events = futures_util::stream::unfold((0u64, Some(guard)), move |(i, guard)| async move {
         let mut guard = guard?;
         if i > 0 {
             tokio::time::sleep(interval).await;
+        }
+        if mid_event && die_after.is_some_and(|d| d >= 1 && i == d - 1 && i < chunks) {
+            // Half an event, then (next step) the connection dies inside it.
+            return Some((
+                Ok(Bytes::from("data: {\"id\":\"cmpl-test\",\"choi")),
+                (die_after.unwrap_or(i + 1), Some(guard)),
+            ));
         }
         if Some(i) == die_after {
             // Abort the response mid-body: hyper drops the connection.

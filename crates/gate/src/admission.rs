@@ -57,8 +57,6 @@ struct Inner {
     max_inflight_total: Option<usize>,
     next_id: AtomicU64,
     state: Mutex<State>,
-    /// Per lane: fired when a lane it yields to admits work, for lanes with `preempt`.
-    preempt: Vec<Arc<Notify>>,
 }
 
 #[derive(Default)]
@@ -66,6 +64,8 @@ struct State {
     lanes: Vec<LaneState>,
     total_inflight: usize,
     engine: HashMap<String, EngineLoad>,
+    /// Per upstream URL: in-flight requests from every lane, and passive health.
+    health: HashMap<String, upstream::Health>,
     /// Waiters admitted by a dispatch that have not yet picked up their permit.
     granted: HashMap<u64, Slot>,
     /// Waiters refused by a dispatch (memory could not be read): id -> the refusal.
@@ -78,11 +78,13 @@ struct State {
     shortfall: Option<MemoryShortfall>,
 }
 
-/// What an admitted request holds: its upstream and, on memory-admitted lanes, its reservation
-/// (device, id).
-#[derive(Debug, Clone, Copy)]
+/// What an admitted request holds: its upstream, its id, on a `preempt` lane the notification
+/// that tells it to stop, and on memory-admitted lanes its reservation (device, id).
+#[derive(Debug, Clone)]
 struct Slot {
     upstream: usize,
+    id: u64,
+    preempt: Option<Arc<Notify>>,
     reservation: Option<(u32, u64)>,
 }
 
@@ -101,6 +103,8 @@ struct LaneState {
     yield_since: Option<Instant>,
     /// When a request of this lane last ended (for the yielding lanes' linger).
     last_release: Option<Instant>,
+    /// On a `preempt` lane: running slots not yet told to stop, oldest first.
+    preemptible: Vec<(u64, Arc<Notify>)>,
 }
 
 struct Waiting {
@@ -115,7 +119,13 @@ pub struct Permit {
     inner: Arc<Inner>,
     lane: usize,
     upstream: usize,
+    slot: u64,
+    preempt: Option<Arc<Notify>>,
     reservation: Option<(u32, u64)>,
+    /// Whether the upstream answered well (set by the caller; applied when the permit drops).
+    upstream_ok: Option<bool>,
+    /// Upstreams this request already tried (see [`Permit::reroute`]).
+    tried: Vec<usize>,
     admitted_at: Instant,
     queue_wait: Duration,
 }
@@ -158,12 +168,46 @@ impl Permit {
         self.admitted_at
     }
 
-    /// For lanes with `preempt`: notified when a lane this one yields to admits work. Create the
-    /// waiter at once (`notified_owned`, then `enable`) so no notification is missed.
+    /// For lanes with `preempt`: notified (once) when this request is chosen to stop for work of
+    /// a lane it yields to. The notification is stored until awaited (`Notify::notify_one`), so a
+    /// waiter armed after it was sent still fires.
     pub fn preemption(&self) -> Option<Arc<Notify>> {
-        self.inner.specs[self.lane]
-            .preempt
-            .then(|| self.inner.preempt[self.lane].clone())
+        self.preempt.clone()
+    }
+
+    /// Records how the upstream answered (a connection failure or a 5xx is `false`); applied to
+    /// its passive health when the permit is dropped.
+    pub fn mark_upstream(&mut self, ok: bool) {
+        self.upstream_ok = Some(ok);
+    }
+
+    /// The request never reached its upstream (connection refused, or reset before any byte of
+    /// a response): counts that failure now and moves the request to the best other upstream of
+    /// the lane not tried yet. Returns the new upstream, or `None` when none is left.
+    pub fn reroute(&mut self) -> Option<&str> {
+        let now = Instant::now();
+        let mut st = self.inner.lock();
+        let spec = &self.inner.specs[self.lane];
+        let old = spec.upstreams[self.upstream].as_str();
+        st.health
+            .entry(old.to_string())
+            .or_default()
+            .record(false, now);
+        self.tried.push(self.upstream);
+        let next = upstream::choose(spec, &st.health, &st.engine, now, &self.tried)?;
+        let ls = &mut st.lanes[self.lane];
+        ls.upstream_inflight[self.upstream] = ls.upstream_inflight[self.upstream].saturating_sub(1);
+        ls.upstream_inflight[next] += 1;
+        if let Some(h) = st.health.get_mut(old) {
+            h.released();
+        }
+        st.health
+            .entry(spec.upstreams[next].clone())
+            .or_default()
+            .taken(now);
+        self.upstream = next;
+        drop(st);
+        Some(self.upstream())
     }
 }
 
@@ -171,8 +215,17 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let service = self.admitted_at.elapsed();
         let mut st = self.inner.lock();
+        if let Some(ok) = self.upstream_ok {
+            let url = &self.inner.specs[self.lane].upstreams[self.upstream];
+            st.health
+                .entry(url.clone())
+                .or_default()
+                .record(ok, Instant::now());
+        }
         let slot = Slot {
             upstream: self.upstream,
+            id: self.slot,
+            preempt: None,
             reservation: self.reservation,
         };
         self.inner
@@ -220,6 +273,11 @@ pub struct UpstreamSnapshot {
     pub kv_cache_usage: Option<f64>,
     /// Seconds since the engine metrics were last read; `None` when never.
     pub metrics_age_seconds: Option<f64>,
+    /// In flight to this upstream from every lane that uses it.
+    pub inflight_all_lanes: usize,
+    /// Not ejected by passive health (see [`Gate::upstream_healthy`]).
+    pub healthy: bool,
+    pub consecutive_failures: u32,
 }
 
 /// One lane's state at one instant.
@@ -366,7 +424,6 @@ impl Gate {
                 by_priority,
                 max_inflight_total,
                 next_id: AtomicU64::new(1),
-                preempt: (0..specs_len).map(|_| Arc::new(Notify::new())).collect(),
                 state: Mutex::new(State {
                     lanes,
                     ledger,
@@ -424,6 +481,19 @@ impl Gate {
     /// Stops admitting new work; queued and in-flight work continues.
     pub fn start_draining(&self) {
         self.inner.lock().draining = true;
+    }
+
+    /// Whether passive health has not ejected `upstream` (URL as configured) right now.
+    pub fn upstream_healthy(&self, upstream: &str) -> bool {
+        let st = self.inner.lock();
+        !st.health
+            .get(upstream)
+            .is_some_and(|h| h.ejected(Instant::now()))
+    }
+
+    /// Whether [`Gate::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner.lock().draining
     }
 
     /// Returns once nothing is queued or in flight.
@@ -597,7 +667,11 @@ impl Gate {
                         .zip(&ls.upstream_inflight)
                         .map(|(url, inflight)| {
                             let load = st.engine.get(url);
+                            let health = st.health.get(url);
                             UpstreamSnapshot {
+                                inflight_all_lanes: health.map_or(0, |h| h.inflight),
+                                healthy: !health.is_some_and(|h| h.ejected(now)),
+                                consecutive_failures: health.map_or(0, |h| h.failures),
                                 url: url.clone(),
                                 inflight: *inflight,
                                 waiting: load.and_then(|l| l.waiting),
@@ -634,7 +708,11 @@ impl Inner {
             inner: self.clone(),
             lane,
             upstream: slot.upstream,
+            slot: slot.id,
+            preempt: slot.preempt,
             reservation: slot.reservation,
+            upstream_ok: None,
+            tried: Vec::new(),
             admitted_at: Instant::now(),
             queue_wait,
         }
@@ -651,21 +729,45 @@ impl Inner {
     ) -> Slot {
         let reservation = self.reserve_memory(st, lane, upstream, now, id, request);
         let busy = self.higher_busy(st, lane, now);
+        let preempt = self.specs[lane].preempt.then(|| Arc::new(Notify::new()));
         let ls = &mut st.lanes[lane];
         ls.inflight += 1;
         ls.upstream_inflight[upstream] += 1;
         ls.admitted += 1;
+        if let Some(n) = &preempt {
+            ls.preemptible.push((id, n.clone()));
+        }
         // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
         ls.yield_since = if busy { Some(now) } else { None };
+        let url = self.specs[lane].upstreams[upstream].clone();
+        st.health.entry(url).or_default().taken(now);
         st.total_inflight += 1;
-        for (other, targets) in self.yield_targets.iter().enumerate() {
-            if self.specs[other].preempt && targets.contains(&lane) {
-                self.preempt[other].notify_waiters();
-            }
-        }
+        self.preempt_for(st, lane);
         Slot {
             upstream,
+            id,
+            preempt,
             reservation,
+        }
+    }
+
+    /// Work was admitted on `lane`: each preemptible lane that yields to it stops its
+    /// `preempt_per_job` youngest running requests (those that have spent least so far). The
+    /// notification is stored in each request's own `Notify`, so one whose waiter is not armed
+    /// yet still stops when it arms it.
+    fn preempt_for(&self, st: &mut State, lane: usize) {
+        for (other, targets) in self.yield_targets.iter().enumerate() {
+            let spec = &self.specs[other];
+            if !spec.preempt || !targets.contains(&lane) {
+                continue;
+            }
+            let running = &mut st.lanes[other].preemptible;
+            for _ in 0..spec.preempt_per_job {
+                match running.pop() {
+                    Some((_, notify)) => notify.notify_one(),
+                    None => break,
+                }
+            }
         }
     }
 
@@ -675,10 +777,15 @@ impl Inner {
             self.release_memory(st, device, id);
         }
         let ls = &mut st.lanes[lane];
+        ls.preemptible.retain(|(id, _)| *id != slot.id);
         debug_assert!(ls.inflight > 0, "permit released twice");
         ls.inflight = ls.inflight.saturating_sub(1);
         ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
         ls.released += 1;
+        if let Some(h) = st.health.get_mut(&self.specs[lane].upstreams[upstream]) {
+            h.released();
+        }
+        let ls = &mut st.lanes[lane];
         ls.last_release = Some(Instant::now());
         if let Some(sample) = service {
             ls.mean_service = Some(match ls.mean_service {
@@ -722,7 +829,7 @@ impl Inner {
         self.check_yield(st, lane, now)?;
         self.check_memory(st, lane, now, request)?;
         let spec = &self.specs[lane];
-        upstream::choose(spec, &st.lanes[lane].upstream_inflight, &st.engine, now)
+        upstream::choose(spec, &st.health, &st.engine, now, &[])
             .ok_or(RejectReason::EngineSaturated)
     }
 
@@ -1306,6 +1413,89 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         // One queued ahead: (1 + 1) * 400 ms / 2.
         assert_eq!(g.retry_after(0), Duration::from_millis(400));
+    }
+
+    fn preempting_pair(per_job: usize) -> Gate {
+        let audio = lane("audio", 4, 0, Policy::Reject);
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            preempt: true,
+            preempt_per_job: per_job,
+            // Admission of text while audio runs is not what these tests are about.
+            max_yield: Duration::ZERO,
+            ..lane("text", 8, 0, Policy::Reject)
+        };
+        gate(vec![audio, text])
+    }
+
+    /// Whether `permit`'s preemption has fired (arming its waiter now, as the server does).
+    fn told_to_stop(permit: &Permit) -> bool {
+        let notify = permit
+            .preemption()
+            .expect("a preempt lane's permit has a waiter");
+        let mut waiter = Box::pin(notify.notified_owned());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        waiter.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_audio_job_stops_only_the_youngest_text_request() {
+        let g = preempting_pair(1);
+        let mut text = Vec::new();
+        for _ in 0..3 {
+            text.push(g.admit(1, AdmitRequest::default()).await.unwrap());
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let _a1 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let told: Vec<bool> = text.iter().map(told_to_stop).collect();
+        assert_eq!(
+            told,
+            vec![false, false, true],
+            "youngest first, one per job"
+        );
+        // The stopped request leaves; the next audio job stops the next youngest.
+        text.pop();
+        let _a2 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let told: Vec<bool> = text.iter().map(told_to_stop).collect();
+        assert_eq!(told, vec![false, true]);
+
+        let g = preempting_pair(2);
+        let mut text = Vec::new();
+        for _ in 0..3 {
+            text.push(g.admit(1, AdmitRequest::default()).await.unwrap());
+        }
+        let _a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        assert_eq!(text.iter().filter(|p| told_to_stop(p)).count(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_preemption_sent_before_the_waiter_is_armed_is_not_lost() {
+        // Audio is admitted in the window between a text permit being granted and its waiter
+        // being armed, hundreds of times on two threads; every such text request still stops.
+        for round in 0..300 {
+            let g = preempting_pair(1);
+            let (g1, g2) = (g.clone(), g.clone());
+            let text = tokio::spawn(async move { g1.admit(1, AdmitRequest::default()).await });
+            let audio = tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                g2.admit(0, AdmitRequest::default()).await
+            });
+            let text = text.await.unwrap().unwrap();
+            let audio = audio.await.unwrap().unwrap();
+            // Armed only now, after the audio job was admitted (or not yet: then nothing fired,
+            // and the text request, admitted after the audio one, is not the one to stop).
+            let notify = text.preemption().unwrap();
+            let mut waiter = Box::pin(notify.notified_owned());
+            waiter.as_mut().enable();
+            let text_first = text.admitted_at() <= audio.admitted_at();
+            let fired = tokio::time::timeout(Duration::from_millis(200), waiter)
+                .await
+                .is_ok();
+            assert!(
+                !text_first || fired,
+                "round {round}: text ran before audio and was never told to stop"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -59,6 +59,9 @@ pub struct LaneSpec {
     /// stop (see [`crate::Permit::preemption`]): a running generation would otherwise keep
     /// competing with the interactive work for the device until it ends.
     pub preempt: bool,
+    /// With `preempt`: how many running requests (youngest first) one admitted job of a lane
+    /// this lane yields to stops. One by default: an audio job needs room, not an empty lane.
+    pub preempt_per_job: usize,
     /// Upstream identifiers (URLs); admission picks the least loaded one that is not saturated.
     pub upstreams: Vec<String>,
     pub gpu: Option<GpuNeed>,
@@ -80,6 +83,7 @@ impl LaneSpec {
             max_yield: Duration::from_secs(10),
             yield_linger: Duration::ZERO,
             preempt: false,
+            preempt_per_job: 1,
             upstreams: upstreams.iter().map(|u| u.to_string()).collect(),
             gpu: None,
             engine: None,

@@ -26,6 +26,8 @@ use crate::telemetry::{BAD_REQUESTS_TOTAL, FALLBACKS_TOTAL, Telemetry};
 pub const TIMEOUT_HEADER: &str = "x-headroom-timeout-ms";
 /// Header naming the lane a request wants.
 pub const LANE_HEADER: &str = "x-headroom-lane";
+/// The `model` of a fallback answer: the rule-based cleanup, not the requested LLM.
+pub const FALLBACK_MODEL: &str = "headroom-rule-based-cleanup";
 /// Header marking a fallback answer.
 pub const FALLBACK_HEADER: &str = "x-headroom-fallback";
 
@@ -184,10 +186,9 @@ pub(crate) fn fallback_response(
         .increment(1);
     s.telemetry.outcome(lane, "fallback");
     let text = clean_transcript(&last_user_text(request));
-    let model = request
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("headroom-fallback");
+    // The answer names what produced it, never the LLM the client asked for.
+    let model = FALLBACK_MODEL;
+    let _ = request.get("model");
     let id = format!(
         "chatcmpl-headroom-{}",
         s.fallback_ids.fetch_add(1, Ordering::Relaxed)
@@ -304,23 +305,49 @@ async fn models(State(s): State<Shared>) -> Response {
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
+/// `/readyz`: this box can serve every lane on at least one healthy replica, i.e. for each lane
+/// some upstream answers `GET /health` (any HTTP status: the process is up) and passive health
+/// has not ejected it. 503 otherwise, with the lanes that cannot be served. One replica down
+/// out of several keeps the box ready. (`/healthz` only says the gateway process is alive.)
 async fn readyz(State(s): State<Shared>) -> Response {
     let upstreams = upstream_list(&s);
     let checks = upstreams.iter().map(|u| {
         let client = s.client.clone();
         let url = format!("{u}/health");
-        let u = u.clone();
         async move {
-            let status = tokio::time::timeout(Duration::from_secs(2), client.get(url).send())
+            tokio::time::timeout(Duration::from_secs(2), client.get(url).send())
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .map(|r| r.status().as_u16());
-            json!({"url": u, "reachable": status.is_some(), "status": status})
+                .map(|r| r.status().as_u16())
         }
     });
-    let results = futures_util::future::join_all(checks).await;
-    let ready = results.iter().all(|r| r["reachable"] == json!(true));
+    let statuses = futures_util::future::join_all(checks).await;
+    let usable = |u: &str| {
+        let reachable = upstreams
+            .iter()
+            .position(|x| x == u)
+            .is_some_and(|i| statuses[i].is_some());
+        reachable && s.gate.upstream_healthy(u)
+    };
+    let lanes: Vec<Value> = s
+        .config
+        .lanes
+        .iter()
+        .map(|l| {
+            let healthy: Vec<&String> = l.spec.upstreams.iter().filter(|u| usable(u)).collect();
+            json!({"name": l.spec.name, "ready": !healthy.is_empty(), "healthy_upstreams": healthy})
+        })
+        .collect();
+    let ready = lanes.iter().all(|l| l["ready"] == json!(true));
+    let results: Vec<Value> = upstreams
+        .iter()
+        .zip(&statuses)
+        .map(|(u, status)| {
+            json!({"url": u, "reachable": status.is_some(), "status": status,
+                   "healthy": s.gate.upstream_healthy(u)})
+        })
+        .collect();
     let status = if ready {
         StatusCode::OK
     } else {
@@ -328,7 +355,7 @@ async fn readyz(State(s): State<Shared>) -> Response {
     };
     (
         status,
-        axum::Json(json!({"ready": ready, "upstreams": results})),
+        axum::Json(json!({"ready": ready, "lanes": lanes, "upstreams": results})),
     )
         .into_response()
 }

@@ -36,6 +36,21 @@ pub enum OutputTokensMode {
     Reject,
 }
 
+/// Refusals a lane answers with its fallback unless `fallback_reasons` says otherwise: only
+/// overload of the lane itself, where a cheaper answer now beats a 429.
+pub const DEFAULT_FALLBACK_REASONS: &[&str] = &["lane_saturated", "lane_queue_full"];
+
+/// Refusal codes `fallback_reasons` may name (`shutting_down` never falls back).
+pub const FALLBACK_REASONS: &[&str] = &[
+    "lane_saturated",
+    "lane_queue_full",
+    "queue_timeout",
+    "lane_yielding",
+    "device_saturated",
+    "engine_saturated",
+    "gpu_memory",
+];
+
 /// The fallback a lane answers with under the `fallback` policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallbackKind {
@@ -69,6 +84,9 @@ pub struct LaneConfig {
     pub output_tokens_mode: OutputTokensMode,
     pub max_audio_seconds: Option<f64>,
     pub fallback: Option<FallbackKind>,
+    /// Refusal codes the fallback may answer (default [`DEFAULT_FALLBACK_REASONS`]); never
+    /// `shutting_down`.
+    pub fallback_reasons: Vec<String>,
     pub engine: Option<EngineKind>,
     pub metrics_path: String,
     /// Bearer key sent to the upstream (never the client's key).
@@ -141,6 +159,7 @@ struct RawLane {
     yield_linger: Option<String>,
     #[serde(default)]
     preempt: bool,
+    preempt_per_job: Option<i64>,
     max_body_bytes: Option<toml::Value>,
     max_input_tokens: Option<i64>,
     tokenizer: Option<String>,
@@ -148,6 +167,7 @@ struct RawLane {
     output_tokens_mode: Option<String>,
     max_audio_seconds: Option<f64>,
     fallback: Option<String>,
+    fallback_reasons: Option<Vec<String>>,
     gpu_device: Option<i64>,
     gpu_memory_per_job: Option<toml::Value>,
     gpu_memory_per_audio_second: Option<toml::Value>,
@@ -403,6 +423,26 @@ fn lane_config(
             ));
         }
     };
+    let fallback_reasons = match raw.fallback_reasons {
+        None => DEFAULT_FALLBACK_REASONS
+            .iter()
+            .map(|r| r.to_string())
+            .collect(),
+        Some(list) => {
+            for r in &list {
+                if !FALLBACK_REASONS.contains(&r.as_str()) {
+                    return Err(key_err(
+                        k("fallback_reasons"),
+                        format!(
+                            "`{r}` cannot fall back; use some of {}",
+                            FALLBACK_REASONS.join(", ")
+                        ),
+                    ));
+                }
+            }
+            list
+        }
+    };
     if policy == Policy::Fallback && fallback.is_none() {
         return Err(key_err(
             k("fallback"),
@@ -538,6 +578,7 @@ fn lane_config(
         max_yield: duration("max_yield", &raw.max_yield, Duration::from_secs(10))?,
         yield_linger: duration("yield_linger", &raw.yield_linger, Duration::ZERO)?,
         preempt: raw.preempt,
+        preempt_per_job: positive("preempt_per_job", raw.preempt_per_job)?.unwrap_or(1) as usize,
         upstreams,
         gpu,
         engine,
@@ -558,6 +599,7 @@ fn lane_config(
         output_tokens_mode,
         max_audio_seconds: raw.max_audio_seconds,
         fallback,
+        fallback_reasons,
         engine: engine_kind,
         metrics_path: raw.metrics_path.unwrap_or_else(|| "/metrics".into()),
         upstream_api_key,
@@ -642,10 +684,12 @@ queue_timeout = "5s"
 request_timeout = "60s"
 policy = "fallback"                    # overloaded requests get the fallback below
 fallback = "rule-based-cleanup"        # chat answered by the rule-based transcript cleaner
+fallback_reasons = ["lane_saturated", "lane_queue_full"]  # refusals that may fall back (the default)
 yield_to = ["audio"]                   # admit nothing new while audio has work...
 max_yield = "2s"                       # ...for at most this long, so text never starves
 yield_linger = "1s"                    # audio counts as busy this long after its last job ends
 preempt = false                        # true: audio work stops running text (503 `preempted`)
+preempt_per_job = 1                    # with preempt: text requests each admitted audio job stops, youngest first
 max_body_bytes = "1MiB"
 max_input_tokens = 8192                # counted with `tokenizer`, else estimated as characters / 4
 # tokenizer = "/models/llm/tokenizer.json"  # the model's tokenizer.json (relative: to this file)

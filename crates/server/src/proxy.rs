@@ -103,6 +103,11 @@ impl Flight {
         &self.lane
     }
 
+    /// The held permit (until the flight finishes).
+    pub fn permit_mut(&mut self) -> Option<&mut Permit> {
+        self.permit.as_mut()
+    }
+
     /// Records the outcome and releases the permit; later calls do nothing.
     pub fn finish(&mut self, outcome: &str) {
         if self.finished {

@@ -73,6 +73,7 @@ pub(super) fn refused(
         .increment(1);
     if rejection.fallback
         && lane.config.fallback == Some(FallbackKind::RuleBasedCleanup)
+        && may_fall_back(s, lane, rejection)
         && route == Route::Chat
         && let Some(json) = &seen.json
     {
@@ -80,6 +81,19 @@ pub(super) fn refused(
     }
     s.telemetry.outcome(name, outcome_of(rejection));
     Err(ApiError::from_rejection(rejection))
+}
+
+/// Whether this refusal may be answered by the fallback: its reason is one the lane lists in
+/// `fallback_reasons` (default: the lane is saturated or its queue is full), and the gateway is
+/// not shutting down (a draining gateway says so instead of answering as if it were serving).
+fn may_fall_back(s: &AppState, lane: Lane<'_>, rejection: &Rejection) -> bool {
+    rejection.reason != RejectReason::ShuttingDown
+        && !s.gate.is_draining()
+        && lane
+            .config
+            .fallback_reasons
+            .iter()
+            .any(|r| r == rejection.reason.code())
 }
 
 fn outcome_of(r: &Rejection) -> &'static str {

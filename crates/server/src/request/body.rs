@@ -1,13 +1,26 @@
 //! Reading the request body: no more than the largest cap that could apply (each lane checks its
-//! own cap later), refused early when `content-length` already says it is too big, and bounded in
-//! time so a slow upload cannot hold the connection longer than the request could run.
+//! own cap later), bounded in time so a slow upload cannot hold the connection longer than the
+//! request could run, and an oversize body answered with a 413 the client can read. A client that
+//! sent `Expect: 100-continue` is answered before it sends the body (hyper sends the interim
+//! `100 Continue` only once the body is read, so it never is); any other client's body is read and
+//! discarded first, for a bounded size and time as nginx's lingering close does, because closing
+//! a socket with unread data in it makes the kernel send a reset that destroys the 413 before the
+//! client reads it.
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 
 use super::lane::Targets;
 use crate::error::ApiError;
+
+/// Most bytes of an oversize body read and thrown away before the 413 is sent.
+pub const MAX_DRAIN_BYTES: u64 = 256 * 1024 * 1024;
+/// Longest time spent reading and throwing away an oversize body.
+pub const MAX_DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// 413 naming the limit.
 pub(super) fn too_large(limit: u64) -> ApiError {
@@ -18,6 +31,51 @@ pub(super) fn too_large(limit: u64) -> ApiError {
     )
 }
 
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
+/// Reads and drops what is left of `stream`, within [`MAX_DRAIN_BYTES`] and [`MAX_DRAIN_TIME`].
+/// `true` when the body ended (the connection can stay open), `false` when a limit cut it short.
+async fn drain<S>(mut stream: S) -> bool
+where
+    S: futures_util::Stream<Item = Result<Bytes, axum::Error>> + Unpin,
+{
+    let mut drained = 0u64;
+    let read = async {
+        while let Some(chunk) = stream.next().await {
+            let Ok(chunk) = chunk else { return false };
+            drained += chunk.len() as u64;
+            if drained > MAX_DRAIN_BYTES {
+                return false;
+            }
+        }
+        true
+    };
+    tokio::time::timeout(MAX_DRAIN_TIME, read)
+        .await
+        .unwrap_or(false)
+}
+
+/// The 413 for an oversize body, after the body was drained (or, when the client waits for
+/// `100 Continue` and reading has not `started`, never sent).
+async fn refuse_oversize<S>(stream: S, cap: u64, headers: &HeaderMap, started: bool) -> ApiError
+where
+    S: futures_util::Stream<Item = Result<Bytes, axum::Error>> + Unpin,
+{
+    if !started && expects_continue(headers) {
+        // The client waits for `100 Continue` before sending; it gets the 413 instead.
+        return too_large(cap).closing();
+    }
+    if drain(stream).await {
+        too_large(cap)
+    } else {
+        too_large(cap).closing()
+    }
+}
+
 /// Reads the whole body under the widest cap and deadline of the candidate lanes.
 pub(super) async fn read(
     body: Body,
@@ -25,16 +83,36 @@ pub(super) async fn read(
     targets: &Targets<'_>,
 ) -> Result<Bytes, ApiError> {
     let read_cap = targets.widest(|l| l.max_body_bytes);
-    if let Some(len) = headers
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        && len > read_cap
-    {
-        return Err(too_large(read_cap).closing());
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut stream = body.into_data_stream();
+    if declared.is_some_and(|len| len > read_cap) {
+        return Err(refuse_oversize(stream, read_cap, headers, false).await);
     }
     let read_deadline = targets.widest(|l| l.spec.request_timeout);
-    let read = axum::body::to_bytes(body, read_cap.min(usize::MAX as u64) as usize);
+    // The buffer grows with what arrives; a declared length only sizes it up front, never past
+    // the cap.
+    let capacity = declared.unwrap_or(0).min(read_cap).min(1 << 20) as usize;
+    let read = async {
+        let mut buf = BytesMut::with_capacity(capacity);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|_| {
+                ApiError::bad_request(
+                    "body_read_error",
+                    None,
+                    "the request body could not be read",
+                )
+                .closing()
+            })?;
+            if (buf.len() + chunk.len()) as u64 > read_cap {
+                return Err(refuse_oversize(&mut stream, read_cap, headers, true).await);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(buf.freeze())
+    };
     tokio::time::timeout(read_deadline, read)
         .await
         .map_err(|_| {
@@ -45,17 +123,4 @@ pub(super) async fn read(
             )
             .closing()
         })?
-        .map_err(|e| {
-            let text = e.to_string();
-            if text.contains("length limit") {
-                too_large(read_cap).closing()
-            } else {
-                ApiError::bad_request(
-                    "body_read_error",
-                    None,
-                    "the request body could not be read",
-                )
-                .closing()
-            }
-        })
 }

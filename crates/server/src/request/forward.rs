@@ -7,7 +7,7 @@ use bytes::Bytes;
 use super::{Lane, Route};
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::proxy::{Flight, upstream_request_headers};
+use crate::proxy::{Flight, never_reached_upstream, upstream_request_headers};
 
 /// The URL on `upstream` for this route and query.
 pub(super) fn url(upstream: &str, route: Route, uri: &Uri) -> String {
@@ -44,18 +44,48 @@ pub(super) fn send(
     )
 }
 
-/// The upstream's response head, or the 502 for a request that got none.
+/// What one attempt to reach the upstream came to.
+pub(super) enum Attempt {
+    /// A response head arrived (any status).
+    Answered(reqwest::Response),
+    /// The request never reached the upstream and another upstream of the lane takes it.
+    Rerouted,
+}
+
+/// The upstream's response head, a reroute to another upstream for a request that provably
+/// never reached this one (connection refused, or reset before any response byte), or the 502.
+/// Every outcome feeds the upstream's passive health: a 5xx or an unreachable upstream counts
+/// as a failure, any other answer as a success.
 pub(super) fn received(
     sent: reqwest::Result<reqwest::Response>,
     flight: &mut Flight,
-) -> Result<reqwest::Response, ApiError> {
-    sent.map_err(|e| {
-        flight.finish("upstream_error");
-        let message = if e.is_connect() {
-            "the upstream could not be reached"
-        } else {
-            "the upstream request failed before a response arrived"
-        };
-        ApiError::new(StatusCode::BAD_GATEWAY, "upstream_unreachable", message)
-    })
+) -> Result<Attempt, ApiError> {
+    match sent {
+        Ok(response) => {
+            if let Some(p) = flight.permit_mut() {
+                p.mark_upstream(!response.status().is_server_error());
+            }
+            Ok(Attempt::Answered(response))
+        }
+        Err(e) => {
+            let never_reached = e.is_connect() || never_reached_upstream(&e);
+            if never_reached && let Some(p) = flight.permit_mut() {
+                if p.reroute().is_some() {
+                    return Ok(Attempt::Rerouted);
+                }
+                p.mark_upstream(false);
+            }
+            flight.finish("upstream_error");
+            let message = if e.is_connect() {
+                "the upstream could not be reached"
+            } else {
+                "the upstream request failed before a response arrived"
+            };
+            Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unreachable",
+                message,
+            ))
+        }
+    }
 }

@@ -81,23 +81,26 @@ fn audio_length(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
             format!("audio is {secs:.1} s long, over this lane's limit of {max} s"),
         )
         .with_param(Some(seen.audio_param))),
-        Some(_) => Ok(()),
-        // Admission counts it as the longest allowed clip, so its memory is covered.
-        None if lane
-            .config
-            .spec
-            .gpu
-            .as_ref()
-            .is_some_and(|g| g.bytes_per_audio_second > 0) =>
-        {
-            Ok(())
+        // A container whose length cannot be read is admitted as the longest clip the lane
+        // allows (see [`assume_unknown_duration`]), never as 0 s.
+        Some(_) | None => Ok(()),
+    }
+}
+
+/// Header on the response when the audio's duration could not be read and the lane's longest
+/// allowed clip was assumed for admission.
+pub(crate) const AUDIO_DURATION_HEADER: &str = "x-headroom-audio-duration";
+
+/// For a lane with `max_audio_seconds`, audio whose duration is unknown counts as that many
+/// seconds (so GPU memory per audio second and the cost estimate are never under-counted).
+/// Returns whether the duration was assumed.
+pub(super) fn assume_unknown_duration(lane: Lane<'_>, seen: &mut Facts) -> bool {
+    match lane.config.max_audio_seconds {
+        Some(max) if seen.has_audio && seen.audio_seconds.is_none() => {
+            seen.audio_seconds = Some(max);
+            true
         }
-        None => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "audio_duration_unknown",
-            "this lane limits audio length, and the duration of this container (MP4/M4A/WebM or a header without length) cannot be read; send WAV, FLAC, MP3 or OGG",
-        )
-        .with_param(Some(seen.audio_param))),
+        _ => false,
     }
 }
 

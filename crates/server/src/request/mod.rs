@@ -96,9 +96,10 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let (parts, body) = req.into_parts();
     let targets = lane::candidates(&s.config, route, &parts.headers)?;
     let bytes = body::read(body, &parts.headers, &targets).await?;
-    let facts = validate::inspect(route, &parts.headers, &bytes)?;
+    let mut facts = validate::inspect(route, &parts.headers, &bytes)?;
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
+    let assumed_duration = limits::assume_unknown_duration(lane, &mut facts);
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes);
     let deadline = admit::deadline(arrival, lane, &parts.headers);
     // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
@@ -112,10 +113,28 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
-    let url = forward::url(permit.upstream(), route, &parts.uri);
+    let mut url = forward::url(permit.upstream(), route, &parts.uri);
     let mut flight = Flight::new(s.telemetry.clone(), lane.name(), arrival, permit);
-    let send = forward::send(&s, lane, &parts.headers, url, forward_body);
-    let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
-    let response = forward::received(sent, &mut flight)?;
-    respond::respond(lane, response, flight, deadline, queue_wait, preempted).await
+    let response = loop {
+        let send = forward::send(&s, lane, &parts.headers, url, forward_body.clone());
+        let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
+        match forward::received(sent, &mut flight)? {
+            forward::Attempt::Answered(response) => break response,
+            forward::Attempt::Rerouted => {
+                let upstream = flight.permit_mut().map(|p| p.upstream().to_string());
+                url = forward::url(upstream.as_deref().unwrap_or_default(), route, &parts.uri);
+            }
+        }
+    };
+    let mut response =
+        respond::respond(lane, response, flight, deadline, queue_wait, preempted).await?;
+    if assumed_duration {
+        response.headers_mut().insert(
+            limits::AUDIO_DURATION_HEADER,
+            axum::http::HeaderValue::from_static(
+                "unknown; admitted as the lane's max_audio_seconds",
+            ),
+        );
+    }
+    Ok(response)
 }
