@@ -17,6 +17,6 @@ pub use admission::{
 };
 pub use cleanup::clean_transcript;
 pub use lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
-pub use load::{BoxLoad, LaneLoad, box_load};
 pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
+pub use load::{BoxLoad, LaneLoad, box_load};
 pub use pressure::{EngineLimits, EngineLoad, GpuNeed};

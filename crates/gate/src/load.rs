@@ -64,7 +64,11 @@ impl BoxLoad {
 }
 
 fn clamp01(x: f64) -> f64 {
-    if x.is_finite() { x.clamp(0.0, 1.0) } else { 1.0 }
+    if x.is_finite() {
+        x.clamp(0.0, 1.0)
+    } else {
+        1.0
+    }
 }
 
 /// The load figure of a gate at one instant. `yield_targets` names the lanes that other lanes
@@ -176,7 +180,10 @@ mod tests {
     fn lanes_weigh_by_capacity() {
         // text: 2 of 4 slots + 0 of 4 queue = 2/8; audio: 1 of 1 + 1 of 1 = 2/2.
         // Weighted: (0.25 × 8 + 1.0 × 2) / 10 = 0.4.
-        let s = snapshot(vec![lane("text", 2, 0, 4, 4), lane("audio", 1, 1, 1, 1)], vec![]);
+        let s = snapshot(
+            vec![lane("text", 2, 0, 4, 4), lane("audio", 1, 1, 1, 1)],
+            vec![],
+        );
         let l = box_load(&s, &["audio".to_string()]);
         assert!((l.lanes - 0.4).abs() < 1e-9, "{l:?}");
         assert_eq!(l.busiest_lane, 1.0);
@@ -194,7 +201,10 @@ mod tests {
     fn a_yielding_lane_counts_as_full() {
         let mut text = lane("text", 0, 0, 2, 0);
         text.yielding = true;
-        let l = box_load(&snapshot(vec![text, lane("audio", 0, 0, 2, 0)], vec![]), &[]);
+        let l = box_load(
+            &snapshot(vec![text, lane("audio", 0, 0, 2, 0)], vec![]),
+            &[],
+        );
         // (1.0 × 2 + 0 × 2) / 4.
         assert!((l.lanes - 0.5).abs() < 1e-9, "{l:?}");
     }

@@ -20,7 +20,7 @@ pub enum ConfigError {
     Key { key: String, message: String },
 }
 
-fn key_err(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub(crate) fn key_err(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Key {
         key: key.into(),
         message: message.into(),
@@ -116,6 +116,8 @@ pub struct ServeConfig {
     pub scrape_interval: Duration,
     /// The `[memory]` table (defaults: NVML device 0, no capacity cap, no margin).
     pub memory: MemoryConfig,
+    /// The `[balancer]` table: signals for a load balancer in front of several boxes.
+    pub balancer: crate::balancer::BalancerConfig,
     pub lanes: Vec<LaneConfig>,
 }
 
@@ -131,6 +133,7 @@ struct RawConfig {
     max_header_bytes: Option<toml::Value>,
     scrape_interval: Option<String>,
     memory: Option<MemoryTable>,
+    balancer: Option<crate::balancer::BalancerTable>,
     #[serde(default)]
     lanes: Vec<RawLane>,
 }
@@ -274,6 +277,7 @@ impl ServeConfig {
             return Err(key_err("lanes", "at least one [[lanes]] table is required"));
         }
         let memory = raw.memory.unwrap_or_default().validate("memory")?;
+        let balancer = raw.balancer.unwrap_or_default().validate()?;
         let mut lanes = Vec::with_capacity(raw.lanes.len());
         for (i, lane) in raw.lanes.into_iter().enumerate() {
             lanes.push(lane_config(i, lane, &memory)?);
@@ -286,6 +290,7 @@ impl ServeConfig {
             max_header_bytes,
             scrape_interval,
             memory,
+            balancer,
             lanes,
         };
         // Let the gate check what it owns (names, yield_to targets).
