@@ -13,6 +13,7 @@ mod plan;
 mod plan_fixes;
 mod plan_llamacpp;
 mod plan_v2;
+mod scale_out;
 mod serve;
 mod serve_hardening;
 mod serve_upstream;

@@ -119,6 +119,10 @@ pub fn router(state: Shared) -> Router {
             .closing()
         })
         .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            overload_status,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), load_header))
         .with_state(state)
 }
@@ -415,6 +419,20 @@ async fn readyz(State(s): State<Shared>) -> Response {
 /// `GET /admin/load`: the load figure and its parts, as the balancer signals carry them.
 async fn admin_load(State(s): State<Shared>) -> Response {
     axum::Json(s.balancer.get()).into_response()
+}
+
+/// Answers lane-full refusals with `[balancer] overload_status` (503 for a balancer that
+/// retries 503 on another box but not 429); every other response passes unchanged.
+async fn overload_status(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let wanted = s.config.balancer.overload_status;
+    if response.status() == wanted {
+        return response;
+    }
+    match response.extensions().get::<crate::error::LaneFull>() {
+        Some(crate::error::LaneFull(e)) => e.clone().with_overload_status(wanted).into_response(),
+        None => response,
+    }
 }
 
 /// Adds the ORCA load report to every response when `[balancer] load_header` is on.

@@ -30,6 +30,7 @@ pub(crate) struct BalancerTable {
     agent_listen: Option<String>,
     load_header: Option<bool>,
     interval: Option<String>,
+    overload_status: Option<u16>,
 }
 
 /// The `[balancer]` table after validation.
@@ -41,6 +42,9 @@ pub struct BalancerConfig {
     pub load_header: bool,
     /// How often the load figure and the lanes' readiness are refreshed.
     pub interval: Duration,
+    /// The status of a lane-full refusal: 429 (default), or 503 for a balancer that retries
+    /// 503 on another box but cannot retry 429 (HAProxy 2.6's `retry-on`).
+    pub overload_status: axum::http::StatusCode,
 }
 
 impl Default for BalancerConfig {
@@ -49,6 +53,7 @@ impl Default for BalancerConfig {
             agent_listen: None,
             load_header: false,
             interval: Duration::from_millis(500),
+            overload_status: axum::http::StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -78,10 +83,21 @@ impl BalancerTable {
                 )
             })?,
         };
+        let overload_status = match self.overload_status {
+            None | Some(429) => axum::http::StatusCode::TOO_MANY_REQUESTS,
+            Some(503) => axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Some(other) => {
+                return Err(key_err(
+                    "balancer.overload_status",
+                    format!("`{other}` is not 429 or 503"),
+                ));
+            }
+        };
         Ok(BalancerConfig {
             agent_listen,
             load_header: self.load_header.unwrap_or(false),
             interval,
+            overload_status,
         })
     }
 }
@@ -337,5 +353,11 @@ mod tests {
         };
         let e = bad.validate().unwrap_err().to_string();
         assert!(e.contains("balancer.interval"), "{e}");
+        let bad = BalancerTable {
+            overload_status: Some(500),
+            ..BalancerTable::default()
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("balancer.overload_status"), "{e}");
     }
 }
