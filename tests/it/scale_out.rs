@@ -385,8 +385,9 @@ async fn one_request(c: &reqwest::Client, base: &str, kind: &'static str, id: &s
             .header("x-test-interval-ms", "50")
             .body(crate::serve::chat_body(true)),
         _ => {
-            // Half a second of audio: small enough for HAProxy to buffer it for an L7 retry.
-            let (ct, body) = multipart_body(Some(&crate::serve::wav(0.5)), "whisper-1");
+            // A tenth of a second of audio (1.6 kB): well inside HAProxy's buffer, so an L7 retry
+            // can replay it.
+            let (ct, body) = multipart_body(Some(&crate::serve::wav(0.1)), "whisper-1");
             c.post(format!("{base}/v1/audio/transcriptions"))
                 .header("content-type", ct)
                 .header("x-test-delay-ms", "200")
