@@ -15,6 +15,7 @@ mod plan;
 mod plan_fixes;
 mod plan_llamacpp;
 mod plan_v2;
+mod scale_out;
 mod serve;
 mod serve_config;
 mod serve_hardening;

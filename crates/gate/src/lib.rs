@@ -7,6 +7,7 @@ pub mod admission;
 pub mod cleanup;
 pub mod lane;
 pub mod ledger;
+pub mod load;
 pub mod pressure;
 mod upstream;
 
@@ -17,4 +18,5 @@ pub use admission::{
 pub use cleanup::clean_transcript;
 pub use lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
 pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
+pub use load::{BoxLoad, LaneLoad, box_load};
 pub use pressure::{EngineLimits, EngineLoad, GpuNeed};

@@ -42,6 +42,8 @@ pub struct AppState {
     pub telemetry: Arc<Telemetry>,
     /// The status page's ring of samples (`/ui`).
     pub ui: Arc<crate::ui::UiState>,
+    /// The last load figure and readiness for a load balancer (agent check, ORCA header).
+    pub balancer: crate::balancer::Signals,
     /// Set by `headroom up`: the box's backends, for `/admin/box` and 503s while one restarts.
     pub box_provider: std::sync::OnceLock<Arc<dyn crate::admin_box::BoxProvider>>,
     fallback_ids: AtomicU64,
@@ -74,6 +76,7 @@ impl AppState {
             client,
             telemetry,
             ui: Arc::new(crate::ui::UiState::default()),
+            balancer: crate::balancer::Signals::default(),
             box_provider: std::sync::OnceLock::new(),
             fallback_ids: AtomicU64::new(1),
             retries: Default::default(),
@@ -113,6 +116,7 @@ pub fn router(state: Shared) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/admin/lanes", get(admin_lanes))
+        .route("/admin/load", get(admin_load))
         .route("/ui", get(crate::ui::serve_page))
         .route("/ui/state", get(crate::ui::serve_state))
         .route("/admin/box", get(crate::admin_box::handler))
@@ -133,6 +137,11 @@ pub fn router(state: Shared) -> Router {
             .closing()
         })
         .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            overload_status,
+        ))
+        .layer(middleware::from_fn_with_state(state.clone(), load_header))
         .with_state(state)
 }
 
@@ -321,24 +330,40 @@ async fn models(State(s): State<Shared>) -> Response {
     axum::Json(json!({"object": "list", "data": data})).into_response()
 }
 
-/// `/readyz`: this box can serve every lane on at least one healthy replica, i.e. for each lane
-/// some upstream answers `GET /health` (any HTTP status: the process is up) and passive health
-/// has not ejected it. 503 otherwise, with the lanes that cannot be served. One replica down
-/// out of several keeps the box ready. (`/healthz` only says the gateway process is alive.)
-async fn readyz(State(s): State<Shared>) -> Response {
-    let upstreams = upstream_list(&s);
+/// One lane's readiness: whether some upstream of it is usable, and which.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneReadiness {
+    pub name: String,
+    pub ready: bool,
+    pub healthy: Vec<String>,
+}
+
+/// Each upstream's `GET /health` (any HTTP status means the process is up) within `timeout`,
+/// in the order of [`upstream_list`].
+async fn probe_upstreams(
+    s: &AppState,
+    upstreams: &[String],
+    timeout: Duration,
+) -> Vec<Option<u16>> {
     let checks = upstreams.iter().map(|u| {
         let client = s.client.clone();
         let url = format!("{u}/health");
         async move {
-            tokio::time::timeout(Duration::from_secs(2), client.get(url).send())
+            tokio::time::timeout(timeout, client.get(url).send())
                 .await
                 .ok()
                 .and_then(Result::ok)
                 .map(|r| r.status().as_u16())
         }
     });
-    let statuses = futures_util::future::join_all(checks).await;
+    futures_util::future::join_all(checks).await
+}
+
+fn readiness_of(
+    s: &AppState,
+    upstreams: &[String],
+    statuses: &[Option<u16>],
+) -> Vec<LaneReadiness> {
     let usable = |u: &str| {
         let reachable = upstreams
             .iter()
@@ -346,14 +371,45 @@ async fn readyz(State(s): State<Shared>) -> Response {
             .is_some_and(|i| statuses[i].is_some());
         reachable && s.gate.upstream_healthy(u)
     };
-    let lanes: Vec<Value> = s
-        .config
+    s.config
         .lanes
         .iter()
         .map(|l| {
-            let healthy: Vec<&String> = l.spec.upstreams.iter().filter(|u| usable(u)).collect();
-            json!({"name": l.spec.name, "ready": !healthy.is_empty(), "healthy_upstreams": healthy})
+            let healthy: Vec<String> = l
+                .spec
+                .upstreams
+                .iter()
+                .filter(|u| usable(u))
+                .cloned()
+                .collect();
+            LaneReadiness {
+                name: l.spec.name.clone(),
+                ready: !healthy.is_empty(),
+                healthy,
+            }
         })
+        .collect()
+}
+
+/// Which lanes can be served now: a lane is ready when some upstream of it answers `/health`
+/// within `timeout` and passive health has not ejected it.
+pub(crate) async fn lane_readiness(s: &AppState, timeout: Duration) -> Vec<LaneReadiness> {
+    let upstreams = upstream_list(s);
+    let statuses = probe_upstreams(s, &upstreams, timeout).await;
+    readiness_of(s, &upstreams, &statuses)
+}
+
+/// `/readyz`: this box can serve every lane on at least one healthy replica, i.e. for each lane
+/// some upstream answers `GET /health` (any HTTP status: the process is up) and passive health
+/// has not ejected it. 503 otherwise, with the lanes that cannot be served. One replica down
+/// out of several keeps the box ready, and so does a box whose lanes are full (it answers 429
+/// then, and is still able to serve). (`/healthz` only says the gateway process is alive.)
+async fn readyz(State(s): State<Shared>) -> Response {
+    let upstreams = upstream_list(&s);
+    let statuses = probe_upstreams(&s, &upstreams, Duration::from_secs(2)).await;
+    let lanes: Vec<Value> = readiness_of(&s, &upstreams, &statuses)
+        .into_iter()
+        .map(|l| json!({"name": l.name, "ready": l.ready, "healthy_upstreams": l.healthy}))
         .collect();
     let ready = lanes.iter().all(|l| l["ready"] == json!(true));
     let results: Vec<Value> = upstreams
@@ -374,6 +430,38 @@ async fn readyz(State(s): State<Shared>) -> Response {
         axum::Json(json!({"ready": ready, "lanes": lanes, "upstreams": results})),
     )
         .into_response()
+}
+
+/// `GET /admin/load`: the load figure and its parts, as the balancer signals carry them.
+async fn admin_load(State(s): State<Shared>) -> Response {
+    axum::Json(s.balancer.get()).into_response()
+}
+
+/// Answers lane-full refusals with `[balancer] overload_status` (503 for a balancer that
+/// retries 503 on another box but not 429); every other response passes unchanged.
+async fn overload_status(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let wanted = s.config.balancer.overload_status;
+    if response.status() == wanted {
+        return response;
+    }
+    match response.extensions().get::<crate::error::LaneFull>() {
+        Some(crate::error::LaneFull(e)) => e.clone().with_overload_status(wanted).into_response(),
+        None => response,
+    }
+}
+
+/// Adds the ORCA load report to every response when `[balancer] load_header` is on.
+async fn load_header(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let mut response = next.run(req).await;
+    if s.config.balancer.load_header
+        && let Ok(v) = HeaderValue::from_str(&s.balancer.get().orca_value())
+    {
+        response
+            .headers_mut()
+            .insert(crate::balancer::ORCA_HEADER, v);
+    }
+    response
 }
 
 async fn metrics(State(s): State<Shared>) -> Response {

@@ -27,7 +27,7 @@ pub enum ConfigError {
     },
 }
 
-fn key_err(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub(crate) fn key_err(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Key {
         key: key.into(),
         message: message.into(),
@@ -179,6 +179,8 @@ pub struct ServeConfig {
     pub scrape_interval: Duration,
     /// The `[memory]` table (defaults: NVML device 0, no capacity cap, no margin).
     pub memory: MemoryConfig,
+    /// The `[balancer]` table: signals for a load balancer in front of several boxes.
+    pub balancer: crate::balancer::BalancerConfig,
     pub lanes: Vec<LaneConfig>,
     /// What was read differently from how it was written (an upstream's `/v1` dropped), to be
     /// shown to the user once.
@@ -197,6 +199,7 @@ struct RawConfig {
     max_header_bytes: Option<toml::Value>,
     scrape_interval: Option<String>,
     memory: Option<MemoryTable>,
+    balancer: Option<crate::balancer::BalancerTable>,
     #[serde(default)]
     lanes: Vec<RawLane>,
 }
@@ -481,6 +484,7 @@ impl ServeConfig {
             return Err(key_err("lanes", "at least one [[lanes]] table is required"));
         }
         let memory = raw.memory.unwrap_or_default().validate("memory")?;
+        let balancer = raw.balancer.unwrap_or_default().validate()?;
         let mut lanes = Vec::with_capacity(raw.lanes.len());
         let mut notes = Vec::new();
         for (i, lane) in raw.lanes.into_iter().enumerate() {
@@ -494,6 +498,7 @@ impl ServeConfig {
             max_header_bytes,
             scrape_interval,
             memory,
+            balancer,
             lanes,
             notes,
         };

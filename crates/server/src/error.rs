@@ -18,7 +18,15 @@ pub struct ApiError {
     pub retry_after: Option<Duration>,
     /// Ask the client to close the connection (the request body was left unread).
     pub close: bool,
+    /// A gate refusal answered 429 (the lane is full): `[balancer] overload_status` may turn
+    /// it into a 503 for a balancer that can only retry 503 (see [`ApiError::with_overload_status`]).
+    pub lane_full: bool,
 }
+
+/// Marks a response made from a lane-full refusal, carrying the error to answer it again with
+/// another status (`[balancer] overload_status`).
+#[derive(Debug, Clone)]
+pub struct LaneFull(pub ApiError);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
@@ -29,6 +37,7 @@ impl ApiError {
             code: code.to_string(),
             retry_after: None,
             close: false,
+            lane_full: false,
         }
     }
 
@@ -95,7 +104,18 @@ impl ApiError {
             code: r.reason.code().to_string(),
             retry_after: Some(r.retry_after),
             close: false,
+            lane_full: status == StatusCode::TOO_MANY_REQUESTS,
         }
+    }
+
+    /// A lane-full refusal answered with `status` instead of 429 (503 behind a balancer that
+    /// retries 503 on another box but not 429, like HAProxy 2.6). Code, message and
+    /// Retry-After stay; any other error is returned unchanged.
+    pub fn with_overload_status(mut self, status: StatusCode) -> ApiError {
+        if self.lane_full {
+            self.status = status;
+        }
+        self
     }
 
     /// A running request stopped because a lane it yields to admitted work.
@@ -155,6 +175,9 @@ pub fn retry_after_values(d: Duration) -> (u64, u64) {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
+        if self.lane_full {
+            response.extensions_mut().insert(LaneFull(self.clone()));
+        }
         if let Some(d) = self.retry_after {
             let (secs, ms) = retry_after_values(d);
             let headers = response.headers_mut();
@@ -225,6 +248,7 @@ pub fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
         code: code.unwrap_or_else(|| "upstream_error".to_string()),
         retry_after: None,
         close: false,
+        lane_full: false,
     }
 }
 
@@ -243,6 +267,43 @@ fn truncate(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refusal(reason: RejectReason) -> Rejection {
+        Rejection {
+            lane: "text".into(),
+            reason,
+            retry_after: Duration::from_millis(2500),
+            fallback: false,
+            memory: None,
+        }
+    }
+
+    #[test]
+    fn overload_status_turns_only_lane_full_refusals_into_503() {
+        let full = ApiError::from_rejection(&refusal(RejectReason::QueueFull));
+        assert_eq!(full.status, StatusCode::TOO_MANY_REQUESTS);
+        let r = full
+            .with_overload_status(StatusCode::SERVICE_UNAVAILABLE)
+            .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()["retry-after"], "3");
+        assert_eq!(r.headers()["retry-after-ms"], "2500");
+        // A queue timeout is a 503 already; an upstream's own 429 is not the gate's to change.
+        let timeout = ApiError::from_rejection(&refusal(RejectReason::QueueTimeout));
+        assert!(!timeout.lane_full);
+        let upstream = from_upstream(StatusCode::TOO_MANY_REQUESTS, b"{}");
+        assert_eq!(
+            upstream
+                .with_overload_status(StatusCode::SERVICE_UNAVAILABLE)
+                .status,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // The body follows the status: a 503 is a server_error to OpenAI's client.
+        let e = ApiError::from_rejection(&refusal(RejectReason::Saturated))
+            .with_overload_status(StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.body()["error"]["type"], "server_error");
+        assert_eq!(e.body()["error"]["code"], "lane_saturated");
+    }
 
     #[test]
     fn upstream_errors_of_other_shapes_become_openai_shape() {

@@ -6,6 +6,7 @@
 pub mod admin_box;
 pub mod app;
 pub mod audio;
+pub mod balancer;
 pub mod config;
 pub mod error;
 pub mod inspect;
@@ -223,6 +224,16 @@ impl Gateway {
             state.gate.clone(),
             state.telemetry.clone(),
         )));
+        let balancing = &state.config.balancer;
+        if balancing.agent_listen.is_some() || balancing.load_header {
+            background.push(tokio::spawn(balancer::signal_loop(state.clone())));
+        }
+        if let Some(addr) = balancing.agent_listen {
+            let agent = balancer::bind_agent(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })?;
+            background.push(tokio::spawn(balancer::agent_loop(agent, state.clone())));
+        }
         let (fired_tx, fired_rx) = oneshot::channel::<()>();
         let gate = state.gate.clone();
         let grace = state.config.shutdown_grace;
