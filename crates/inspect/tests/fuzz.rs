@@ -1,7 +1,7 @@
 //! Fuzz harnesses (stable Rust, proptest) for the safetensors and GGUF header readers, which read
 //! files a user points `plan` at. See fuzz/README.md.
 
-#[path = "support/fuzz.rs"]
+#[path = "../../../fuzz/support.rs"]
 mod fuzz_support;
 
 use fuzz_support::fuzz;

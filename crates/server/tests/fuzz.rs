@@ -2,7 +2,7 @@
 //! request inspector, multipart forms, the audio container probes and the Prometheus text reader.
 //! See fuzz/README.md.
 
-#[path = "support/fuzz.rs"]
+#[path = "../../../fuzz/support.rs"]
 mod fuzz_support;
 
 use fuzz_support::fuzz;
