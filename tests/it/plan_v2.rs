@@ -164,8 +164,9 @@ fn vibevoice_asr_is_planned_as_the_audio_lane_with_its_whole_checkpoint() {
     ];
     let (p, code) = plan_json(&base);
     assert_eq!(code, 0);
-    // The checkpoint: 8.67 B BF16 parameters (decoder + tokenizers + connectors).
-    let checkpoint = 8.67e9 * 2.0;
+    // The checkpoint: the hub index's metadata.total_parameters, 8,674,021,857 BF16 tensors
+    // (decoder + lm_head + tokenizers + connectors).
+    let checkpoint = 8_674_021_857.0 * 2.0;
     let w = u(&p, "weights_bytes") as f64;
     assert!((w - checkpoint).abs() <= checkpoint * 0.01, "{w}");
     assert!(u(&p, "weights_upcast_bytes") > 0);

@@ -43,6 +43,40 @@ pub struct CatalogModel {
     pub extra_params: Option<u64>,
     #[serde(default)]
     pub extra_dtype: Option<String>,
+    /// The checkpoint's tensors by module, when the entry lists them (VibeVoice): their sum at
+    /// each component's stored dtype is `weights_bytes`.
+    #[serde(default)]
+    pub components: Vec<CatalogComponent>,
+}
+
+/// One module of a checkpoint: its element count, the dtype the checkpoint stores it in, and the
+/// dtype the serving engine converts it to when that differs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CatalogComponent {
+    pub name: String,
+    pub params: u64,
+    pub dtype: String,
+    #[serde(default)]
+    pub loaded_dtype: Option<String>,
+}
+
+impl CatalogModel {
+    /// Bytes of the listed components at their stored dtypes (`None` when none are listed).
+    pub fn components_bytes(&self) -> Result<Option<u64>, InspectError> {
+        if self.components.is_empty() {
+            return Ok(None);
+        }
+        let mut total = 0u64;
+        for c in &self.components {
+            let d =
+                headroom_plan::Dtype::parse(&c.dtype).ok_or_else(|| InspectError::Malformed {
+                    file: "catalog models.json".into(),
+                    reason: format!("{}: {}: unknown dtype '{}'", self.id, c.name, c.dtype),
+                })?;
+            total += c.params * d.bytes();
+        }
+        Ok(Some(total))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -154,6 +188,17 @@ pub fn model_spec(m: &CatalogModel) -> Result<ModelSpec, InspectError> {
     }
     let mut spec = spec_from_config(&m.id, &m.source, &config)?;
     spec.source = format!("built-in catalog ({})", m.source);
+    if let Some(sum) = m.components_bytes()?
+        && m.weights_bytes != Some(sum)
+    {
+        return Err(InspectError::Malformed {
+            file: "catalog models.json".into(),
+            reason: format!(
+                "{}: components add up to {sum} B, weights_bytes is {:?}",
+                m.id, m.weights_bytes
+            ),
+        });
+    }
     if let Some(bytes) = m.weights_bytes {
         spec.exact_weights = Some(ExactWeights {
             bytes,
@@ -344,5 +389,226 @@ mod tests {
     fn whisper_profile_is_found() {
         let p = find_profile("whisper-large-v3").unwrap();
         assert!(p.bytes > 2 * 1024 * MIB);
+    }
+
+    /// Element counts of VibeVoice's modules, written from the module definitions of
+    /// microsoft/VibeVoice (`modular_vibevoice_tokenizer.py`, `modular_vibevoice_diffusion_head.py`,
+    /// `SpeechConnector`, `BinaryClassifier`) and transformers' Qwen2, fed with the entry's own
+    /// config values.
+    mod vibevoice_shapes {
+        use serde_json::Value;
+
+        fn n(v: &Value, k: &str) -> u64 {
+            v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"))
+        }
+
+        /// (ratios, depths, n_filters) of a tokenizer config.
+        fn tokenizer(c: &Value) -> (Vec<u64>, Vec<u64>, u64) {
+            assert_eq!(c["mixer_layer"], "depthwise_conv");
+            assert_eq!(c["layernorm"], "RMSNorm");
+            assert_eq!(c["conv_bias"], true);
+            assert_eq!(c["disable_last_norm"], true);
+            assert!(c["layer_scale_init_value"].as_f64().unwrap() > 0.0);
+            let ratios = c["encoder_ratios"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r.as_u64().unwrap())
+                .collect();
+            let depths = c["encoder_depths"]
+                .as_str()
+                .unwrap()
+                .split('-')
+                .map(|d| d.parse().unwrap())
+                .collect();
+            (ratios, depths, n(c, "encoder_n_filters"))
+        }
+
+        /// A Block1D of width c: two RMSNorm weights, a depthwise k=7 conv with bias, an FFN
+        /// c → 4c → c with biases, and the two layer-scale vectors.
+        fn block(c: u64) -> u64 {
+            2 * c + (7 * c + c) + (4 * c * c + 4 * c) + (4 * c * c + c) + 2 * c
+        }
+
+        /// Stages of 2^i × n_filters channels, depths[i] blocks each.
+        fn stages(depths: &[u64], f: u64) -> u64 {
+            depths
+                .iter()
+                .enumerate()
+                .map(|(i, d)| d * block(f << i))
+                .sum()
+        }
+
+        /// Encoder: stem conv 1 → f (k 7), one strided conv per ratio (kernel 2r, the ratios
+        /// reversed), the stages, and a k=7 head to the latent width.
+        pub fn encoder(c: &Value, vae_dim: u64) -> u64 {
+            let (ratios, depths, f) = tokenizer(c);
+            let stem = f * 7 + f;
+            let down: u64 = ratios
+                .iter()
+                .rev()
+                .enumerate()
+                .map(|(i, r)| (f << i) * (f << (i + 1)) * 2 * r + (f << (i + 1)))
+                .sum();
+            let top = f << (depths.len() - 1);
+            stem + down + stages(&depths, f) + top * vae_dim * 7 + vae_dim
+        }
+
+        /// Decoder: stem conv latent → top (k 7), one transposed conv per ratio (kernel 2r),
+        /// the same stages in reverse, and a k=7 head to one channel.
+        pub fn decoder(c: &Value, vae_dim: u64) -> u64 {
+            let (ratios, depths, f) = tokenizer(c);
+            let top = f << (depths.len() - 1);
+            let stem = vae_dim * top * 7 + top;
+            let up: u64 = ratios
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (top >> i) * (top >> (i + 1)) * 2 * r + (top >> (i + 1)))
+                .sum();
+            stem + up + stages(&depths, f) + f * 7 + 1
+        }
+
+        /// fc1 in → h with bias, an RMSNorm, fc2 h → h with bias.
+        pub fn connector(input: u64, h: u64) -> u64 {
+            input * h + h + h + h * h + h
+        }
+
+        /// Qwen2 decoder layers (q/k/v with bias, o without, gated MLP, two norms).
+        pub fn qwen2_layers(d: &Value, layers: u64) -> u64 {
+            let h = n(d, "hidden_size");
+            let kv = n(d, "num_key_value_heads") * (h / n(d, "num_attention_heads"));
+            let per =
+                (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * n(d, "intermediate_size") + 2 * h;
+            layers * per
+        }
+
+        pub fn embedding(d: &Value) -> u64 {
+            n(d, "vocab_size") * n(d, "hidden_size")
+        }
+
+        /// Diffusion head: latent and condition projections, the timestep MLP (256 → h → h),
+        /// head_layers × (gated FFN of h × ratio, RMSNorm, adaLN h → 3h), final adaLN h → 2h
+        /// and h → latent.
+        pub fn diffusion_head(c: &Value) -> u64 {
+            let h = n(c, "hidden_size");
+            let l = n(c, "latent_size");
+            let ffn = (h as f64 * c["head_ffn_ratio"].as_f64().unwrap()) as u64;
+            let layer = 3 * h * ffn + h + h * 3 * h;
+            l * h + h * h + (256 * h + h * h) + n(c, "head_layers") * layer + (h * 2 * h + h * l)
+        }
+    }
+
+    fn entry(id: &str) -> &'static CatalogModel {
+        find_model(id).unwrap()
+    }
+
+    fn listed(m: &CatalogModel, name: &str) -> u64 {
+        m.components
+            .iter()
+            .find(|c| c.name.starts_with(name))
+            .unwrap_or_else(|| panic!("{}: {name}", m.id))
+            .params
+    }
+
+    #[test]
+    fn vibevoice_asr_weights_are_the_checkpoint_tensor_total() {
+        use vibevoice_shapes::*;
+        let m = entry("microsoft/VibeVoice-ASR");
+        let c = &m.config;
+        let d = &c["decoder_config"];
+        let layers = d["num_hidden_layers"].as_u64().unwrap();
+        let h = d["hidden_size"].as_u64().unwrap();
+        assert_eq!(d["tie_word_embeddings"], false);
+        let acoustic = c["acoustic_tokenizer_config"]["vae_dim"].as_u64().unwrap();
+        let semantic = c["semantic_tokenizer_config"]["vae_dim"].as_u64().unwrap();
+        let lm = embedding(d) + qwen2_layers(d, layers) + h;
+        let parts = [
+            ("model.language_model", lm),
+            ("lm_head", embedding(d)),
+            (
+                "model.acoustic_tokenizer.encoder",
+                encoder(&c["acoustic_tokenizer_config"], acoustic),
+            ),
+            (
+                "model.acoustic_tokenizer.decoder",
+                decoder(&c["acoustic_tokenizer_config"], acoustic),
+            ),
+            (
+                "model.semantic_tokenizer.encoder",
+                encoder(&c["semantic_tokenizer_config"], semantic),
+            ),
+            ("model.acoustic_connector", connector(acoustic, h)),
+            ("model.semantic_connector", connector(semantic, h)),
+        ];
+        for (name, want) in parts {
+            assert_eq!(listed(m, name), want, "{name}");
+        }
+        let total: u64 = parts.iter().map(|p| p.1).sum();
+        // The hub index's metadata.total_parameters for microsoft/VibeVoice-ASR.
+        let index_total = 8_674_021_857u64;
+        assert!(total.abs_diff(index_total) * 100 <= index_total, "{total}");
+        // The decoder + lm_head are Qwen2.5-7B's (its index total_size 15,231,233,024 B, bf16).
+        assert_eq!((lm + embedding(d)) * 2, 15_231_233_024);
+        // All BF16 in the checkpoint.
+        assert_eq!(m.weights_bytes, Some(total * 2));
+        // vLLM's plugin holds the tokenizers and connectors in float32.
+        assert_eq!(m.extra_params, Some(total - lm - embedding(d)));
+        assert_eq!(m.extra_dtype.as_deref(), Some("float32"));
+    }
+
+    #[test]
+    fn vibevoice_tts_weights_follow_from_their_configs() {
+        use vibevoice_shapes::*;
+        // VibeVoice-1.5B: tied embeddings, both tokenizers, a diffusion head, two scalar buffers.
+        let m = entry("microsoft/VibeVoice-1.5B");
+        let c = &m.config;
+        let d = &c["decoder_config"];
+        let h = d["hidden_size"].as_u64().unwrap();
+        assert_eq!(d["tie_word_embeddings"], true);
+        let lm = embedding(d) + qwen2_layers(d, d["num_hidden_layers"].as_u64().unwrap()) + h;
+        let head = diffusion_head(&c["diffusion_head_config"]);
+        let total = lm
+            + encoder(&c["acoustic_tokenizer_config"], 64)
+            + decoder(&c["acoustic_tokenizer_config"], 64)
+            + encoder(&c["semantic_tokenizer_config"], 128)
+            + connector(64, h)
+            + connector(128, h)
+            + head
+            + 2;
+        assert_eq!(listed(m, "model.prediction_head"), head);
+        assert_eq!(listed(m, "model.language_model"), lm);
+        assert_eq!(m.weights_bytes, Some(total * 2));
+        // The three shards are 5.41 GB on the hub listing (headers included).
+        assert!((total * 2).abs_diff(5_410_000_000) * 100 <= 5_410_000_000);
+
+        // VibeVoice-Realtime-0.5B: the 24 decoder layers split 4 + 20 into two models with an
+        // embedding table each; the release ships the acoustic decoder but not its encoder.
+        let m = entry("microsoft/VibeVoice-Realtime-0.5B");
+        let c = &m.config;
+        let d = &c["decoder_config"];
+        let h = d["hidden_size"].as_u64().unwrap();
+        let tts = c["tts_backbone_num_hidden_layers"].as_u64().unwrap();
+        let lower = d["num_hidden_layers"].as_u64().unwrap() - tts;
+        let total = (embedding(d) + qwen2_layers(d, lower))
+            + (embedding(d) + qwen2_layers(d, tts) + h)
+            + decoder(&c["acoustic_tokenizer_config"], 64)
+            + connector(64, h)
+            + diffusion_head(&c["diffusion_head_config"])
+            + (h * h + h + h + 1)
+            + 2 * h
+            + 2;
+        assert_eq!(m.weights_bytes, Some(total * 2));
+        // The real model.safetensors (HF revision 6bce5f06) is 2,035,332,888 B with its header.
+        let file = 2_035_332_888u64;
+        assert!(total * 2 < file && (file - total * 2) * 100 <= file);
+    }
+
+    #[test]
+    fn listed_components_must_add_up_to_the_weights() {
+        let mut m = entry("microsoft/VibeVoice-ASR").clone();
+        assert!(model_spec(&m).is_ok());
+        m.components[0].params += 1;
+        let err = model_spec(&m).unwrap_err().to_string();
+        assert!(err.contains("components add up to"), "{err}");
     }
 }

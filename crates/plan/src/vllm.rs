@@ -1534,10 +1534,10 @@ mod tests {
             samples_per_token: 3200,
         });
         spec.exact_weights = Some(ExactWeights {
-            bytes: 17_340_000_000,
+            bytes: 17_348_043_714,
             origin: WeightsOrigin::Catalog,
         });
-        spec.extra_params = 1_054_383_488;
+        spec.extra_params = 1_058_405_345;
         spec.extra_dtype = Dtype::F32;
         spec
     }
@@ -1548,8 +1548,8 @@ mod tests {
         req.audio_minutes = Some(60.0);
         let p = plan(&vibevoice_asr(), &req).unwrap();
         // bf16 tokenizers loaded as float32: 2 more bytes a parameter.
-        assert_eq!(p.weights_upcast_bytes, 1_054_383_488 * 2);
-        assert_eq!(p.weights_bytes, 17_340_000_000);
+        assert_eq!(p.weights_upcast_bytes, 1_058_405_345 * 2);
+        assert_eq!(p.weights_bytes, 17_348_043_714);
         // 60 min: 27,000 audio + 15,000 transcript + 128 prompt tokens.
         assert_eq!(p.max_model_len, 42_128);
         let a = p.audio.as_ref().unwrap();
