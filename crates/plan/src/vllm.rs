@@ -71,7 +71,8 @@ pub struct PlanRequest {
     pub vllm_version: VllmVersion,
 }
 
-/// vLLM releases whose memory accounting differs (the anchors' §1.1–1.2).
+/// vLLM releases whose memory accounting differs (the anchors' §1.1–1.2, and each release's
+/// `determine_num_available_blocks` / `determine_available_memory`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum VllmVersion {
@@ -79,13 +80,19 @@ pub enum VllmVersion {
     /// charged; `--kv-cache-memory` exists; chunked prefill profiles `max_num_batched_tokens`.
     #[default]
     Current,
-    /// Early V1 (0.8 to 0.9.0): all non-torch memory on the device, other processes' included,
-    /// is charged to the instance; no start-up free-memory check; no `--kv-cache-memory`.
+    /// Early V1 (0.8 to 0.9.0): `non_torch = (total − free) − torch_allocated` after profiling,
+    /// so all memory on the device outside this process's torch tensors (its own CUDA context and
+    /// other processes' memory) is charged to the instance; no start-up free-memory check; no
+    /// `--kv-cache-memory`.
     EarlyV1,
-    /// V0 (before 0.8): budget `util × total` minus the instance's own use, no start-up check, no
-    /// `--kv-cache-memory`; without chunked prefill the profiling pass covers `max_model_len`
-    /// tokens (`max_num_batched_tokens` defaults to `max(max_model_len, 2048)`).
+    /// V0 up to 0.6.3 and from 0.6.5 (`peak = init_free − free` after profiling, then the
+    /// `memory_profiling` baseline): budget `util × total` minus the instance's own use, no
+    /// start-up check, no `--kv-cache-memory`; without chunked prefill the profiling pass covers
+    /// `max_model_len` tokens (`max_num_batched_tokens` defaults to `max(max_model_len, 2048)`).
     V0,
+    /// V0 0.6.4.x: V0's profiling with early V1's non-torch rule (the CUDA context and other
+    /// processes charged), which 0.6.5's `memory_profiling` baseline removed.
+    V0AllNonTorch,
 }
 
 impl VllmVersion {
@@ -100,6 +107,7 @@ impl VllmVersion {
         let minor = parts.next().flatten().unwrap_or(0);
         let patch = parts.next().flatten().unwrap_or(0);
         Some(match (major, minor, patch) {
+            (0, 6, 4) => VllmVersion::V0AllNonTorch,
             (0, m, _) if m < 8 => VllmVersion::V0,
             (0, 8, _) | (0, 9, 0) => VllmVersion::EarlyV1,
             _ => VllmVersion::Current,
@@ -111,6 +119,22 @@ impl VllmVersion {
             VllmVersion::Current => "current",
             VllmVersion::EarlyV1 => "early_v1",
             VllmVersion::V0 => "v0",
+            VllmVersion::V0AllNonTorch => "v0_6_4",
+        }
+    }
+
+    /// V0 engines: no chunked prefill by default, so one profiling pass over a whole prompt.
+    pub fn profiles_whole_prompt(self) -> bool {
+        matches!(self, VllmVersion::V0 | VllmVersion::V0AllNonTorch)
+    }
+
+    /// Memory the version's profiler charges to the instance beyond its own weights,
+    /// activations and workspaces: with `non_torch = (total − free) − torch_allocated`, the
+    /// process's CUDA context and everything other processes hold on the device.
+    pub fn charged_outside_instance(self, co_tenants: u64, cuda_context: u64) -> u64 {
+        match self {
+            VllmVersion::EarlyV1 | VllmVersion::V0AllNonTorch => co_tenants + cuda_context,
+            VllmVersion::Current | VllmVersion::V0 => 0,
         }
     }
 }
@@ -522,7 +546,7 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
         .max_num_seqs
         .or(req.target_concurrency)
         .unwrap_or(default_seqs);
-    let default_mbt = if req.vllm_version == VllmVersion::V0 {
+    let default_mbt = if req.vllm_version.profiles_whole_prompt() {
         // No chunked prefill: one profiling pass over a whole max-length prompt.
         default_mbt.max(max_model_len)
     } else {
@@ -725,12 +749,10 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
                 Some(ceil_2dp((non_kv + k) as f64 / total as f64).min(1.0));
         } else {
             // No --kv-cache-memory before 0.9.1: the utilization whose budget leaves that pool
-            // (early V1 also charges the co-tenants' memory to this instance).
-            let charged = if req.vllm_version == VllmVersion::EarlyV1 {
-                co_tenants
-            } else {
-                0
-            };
+            // (early V1 and 0.6.4 also charge the context and the co-tenants to this instance).
+            let charged = req
+                .vllm_version
+                .charged_outside_instance(co_tenants, context);
             req.gpu_memory_utilization =
                 Some(ceil_2dp((non_kv + k + charged) as f64 / total as f64).min(1.0));
         }
@@ -745,11 +767,9 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
     let requested = (total as f64 * utilization).floor() as u64;
     let free_at_start = total.saturating_sub(co_tenants);
 
-    let charged_others = if req.vllm_version == VllmVersion::EarlyV1 {
-        co_tenants
-    } else {
-        0
-    };
+    let charged_others = req
+        .vllm_version
+        .charged_outside_instance(co_tenants, context);
     let kv_cache = match req.kv_cache_memory {
         Some(k) => k,
         None => requested.saturating_sub(non_kv + charged_others),
@@ -1227,6 +1247,7 @@ fn target_plan(
 mod tests {
     use super::*;
     use crate::spec::{AudioTokenizer, ExactWeights, WeightsOrigin};
+    use crate::units::MIB;
 
     fn llama_8b() -> ModelSpec {
         ModelSpec::dense(
@@ -1622,14 +1643,19 @@ mod tests {
             now.failure,
             Some(Failure::StartupFreeBelowUtilization { .. })
         ));
-        // Early V1: no such check, but the 4 GiB other processes hold come out of the pool.
+        // Early V1: no such check, but its non-torch term is (total − free) − torch_allocated
+        // after profiling, so the 4 GiB other processes hold and its own 512 MiB CUDA context
+        // come out of the pool.
         req.vllm_version = VllmVersion::EarlyV1;
         let early = plan(&llama_8b(), &req).unwrap();
         assert!(!matches!(
             early.failure,
             Some(Failure::StartupFreeBelowUtilization { .. })
         ));
-        assert_eq!(early.kv_cache_bytes, now.kv_cache_bytes - 4 * GIB);
+        assert_eq!(
+            early.kv_cache_bytes,
+            now.kv_cache_bytes - 4 * GIB - 512 * MIB
+        );
         // V0: the profiling pass covers the whole 8,192-token prompt (no chunked prefill).
         req.vllm_version = VllmVersion::V0;
         req.other_used_bytes = 0;
@@ -1646,6 +1672,39 @@ mod tests {
         let rs = plan(&llama_8b(), &req).unwrap();
         assert!(!rs.vllm_args.contains(&"--kv-cache-memory".to_string()));
         assert!(rs.kv_cache_bytes >= 2 * 8192 * 131_072 * 5 / 4);
+    }
+
+    #[test]
+    fn vllm_0_6_4_charges_all_device_memory_outside_its_torch_tensors() {
+        assert_eq!(
+            VllmVersion::parse("0.6.4.post1"),
+            Some(VllmVersion::V0AllNonTorch)
+        );
+        assert_eq!(VllmVersion::parse("0.6.5"), Some(VllmVersion::V0));
+        assert_eq!(VllmVersion::parse("0.5.5"), Some(VllmVersion::V0));
+        let mut req = PlanRequest::new(48 * GIB);
+        req.gpu_memory_utilization = Some(0.6);
+        req.max_model_len = Some(8192);
+        req.other_used_bytes = 3 * GIB;
+        req.vllm_version = VllmVersion::V0;
+        let v0 = plan(&llama_8b(), &req).unwrap();
+        req.vllm_version = VllmVersion::V0AllNonTorch;
+        let v064 = plan(&llama_8b(), &req).unwrap();
+        // Same profiling pass (a whole 8,192-token prompt), same weights and workspaces.
+        assert_eq!(v064.max_num_batched_tokens, 8192);
+        assert_eq!(v064.activation_peak_bytes, v0.activation_peak_bytes);
+        assert_eq!(v064.non_torch_bytes, v0.non_torch_bytes);
+        // 0.6.4: kv = util × total − torch peak − ((total − free) − torch_allocated); with 3 GiB
+        // of other processes and a 512 MiB context on the device, the pool is that much smaller.
+        let requested = (48.0 * GIB as f64 * 0.6).floor() as u64;
+        let expected = requested
+            - v0.weights_bytes
+            - v0.activation_peak_bytes
+            - v0.non_torch_bytes
+            - (3 * GIB + 512 * MIB);
+        assert_eq!(v064.kv_cache_bytes, expected);
+        assert_eq!(v0.kv_cache_bytes, expected + 3 * GIB + 512 * MIB);
+        assert_eq!(v064.vllm_version, "v0_6_4");
     }
 
     #[test]
