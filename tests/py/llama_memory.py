@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Loads the bundled SmolLM2 GGUF in llama.cpp's server (the xllamacpp wheel) with the given
+"""Loads a GGUF (the bundled SmolLM2 unless --model names another) in llama.cpp's server (the xllamacpp wheel) with the given
 memory settings, lets llama.cpp log its own buffer sizes (verbosity 10), and exits.
 
 Used by tests/it/plan_llamacpp.rs to check `headroom plan --engine llamacpp` against the real
@@ -35,9 +35,10 @@ def main() -> None:
     p.add_argument("--kv-unified", action="store_true")
     p.add_argument("--flash-attn", choices=["on", "off", "auto"], default="auto")
     p.add_argument("--print-model", action="store_true", help="print the GGUF path and exit")
+    p.add_argument("--model", help="a GGUF file to load instead of the bundled SmolLM2")
     args = p.parse_args()
 
-    model = bundled_model()
+    model = args.model or bundled_model()
     print(f"MODEL {model}", flush=True)
     if args.print_model:
         return

@@ -23,8 +23,10 @@
 //!   tokens. With flash attention the peak is the feed-forward block (gate, up and their product:
 //!   `3 × n_ff`, plus five `n_embd` rows of residual/norm/attention tensors, f32) and the f16 KQ
 //!   mask (`cells_per_stream × n_ubatch × 2`); without it the f32 scores `n_kv × n_ubatch ×
-//!   n_head` and the f32 mask dominate. Measured against the real server in
-//!   `tests/llamacpp_real.rs` (within 15 %).
+//!   n_head` and the f32 mask dominate, beside five rows of the Q (`n_head × head_dim`) and KV
+//!   widths. A model with sliding-window layers has two masks as graph inputs, one over the full
+//!   cache's cells and one over the window's. Measured against the real server in
+//!   `tests/it/plan_llamacpp.rs` (SmolLM2 and Gemma 3, within 15 %).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -468,11 +470,13 @@ fn swa_cells(req: &LlamaCppRequest, base: u64, n_ubatch: u64) -> u64 {
 }
 
 /// The compute buffer model: high-water mark of the worst-case `n_ubatch` graph (see the module
-/// comment), in bytes.
+/// comment), in bytes. `swa_cells_per_stream` is the window cache's cells (0 without
+/// sliding-window layers): its mask is a second graph input beside the full cache's.
 pub fn compute_buffer_bytes(
     model: &LlamaCppModel,
     n_ubatch: u64,
     cells_per_stream: u64,
+    swa_cells_per_stream: u64,
     flash_attn: bool,
     n_outputs: u64,
 ) -> u64 {
@@ -481,12 +485,20 @@ pub fn compute_buffer_bytes(
     let inputs = n_ubatch * 8;
     let ffn = n_ubatch * f32b * (3 * model.n_ff + 5 * model.n_embd);
     let output = n_outputs * model.n_vocab * f32b + n_ubatch * model.n_embd * f32b;
+    let mask_cells = cells_per_stream + swa_cells_per_stream;
     let (mask, attention) = if flash_attn {
-        (cells_per_stream * n_ubatch * 2, 0)
+        (mask_cells * n_ubatch * 2, 0)
     } else {
-        let qkv = 5 * (model.n_embd + model.n_head_kv * model.head_dim_k);
+        // Q is n_head × head_dim wide, which is not n_embd for every model (Gemma 3: 4 × 256
+        // against 640); MLA's head_dim_k is the latent width, so its Q stays n_embd here.
+        let q = if model.mla {
+            model.n_embd
+        } else {
+            model.n_head * model.head_dim_k
+        };
+        let qkv = 5 * (q + model.n_head_kv * model.head_dim_k);
         (
-            cells_per_stream * n_ubatch * f32b,
+            mask_cells * n_ubatch * f32b,
             cells_per_stream * n_ubatch * model.n_head * f32b + n_ubatch * f32b * qkv,
         )
     };
@@ -552,7 +564,15 @@ pub fn try_plan(req: &LlamaCppRequest) -> Result<LlamaCppPlan, LlamaCppError> {
     let kv_all = k_all + v_all;
 
     let n_outputs = req.n_outputs.unwrap_or(req.parallel).min(n_ubatch);
-    let graph = compute_buffer_bytes(m, n_ubatch, n_ctx_seq, flash_attn, n_outputs);
+    let swa_mask_cells = if swa_layers > 0 { swa } else { 0 };
+    let graph = compute_buffer_bytes(
+        m,
+        n_ubatch,
+        n_ctx_seq,
+        swa_mask_cells,
+        flash_attn,
+        n_outputs,
+    );
     // Fully on the CPU: one CPU buffer. With a GPU: the graph runs there (large-batch matmuls of
     // host layers are offloaded too), and the host keeps the staged inputs (embeddings rows and
     // the mask), or the whole graph again when layers stay on the CPU.
@@ -829,16 +849,62 @@ mod tests {
     #[test]
     fn compute_buffer_with_and_without_flash_attention() {
         let m = smollm2();
-        let fa = compute_buffer_bytes(&m, 512, 4096, true, 1);
+        let fa = compute_buffer_bytes(&m, 512, 4096, 0, true, 1);
         // FFN peak: 512 tokens × 4 B × (3 × 1536 + 5 × 576); f16 mask 4096 × 512 × 2; ids.
         assert_eq!(
             fa,
             512 * 4 * (3 * 1536 + 5 * 576) + 4096 * 512 * 2 + 512 * 8
         );
-        let no_fa = compute_buffer_bytes(&m, 512, 4096, false, 1);
+        let no_fa = compute_buffer_bytes(&m, 512, 4096, 0, false, 1);
         // Scores: 4096 × 512 × 9 heads × 4 B dominate.
         assert!(no_fa > 4096 * 512 * 9 * 4);
         assert!(no_fa > 4 * fa);
+    }
+
+    /// Gemma 3 270M's GGUF shape as llama.cpp prints it: 18 layers, 15 of them with a 512-token
+    /// window, 4 heads of 256 (Q 1,024 wide against n_embd 640), 1 KV head.
+    fn gemma3_270m() -> LlamaCppModel {
+        LlamaCppModel {
+            name: "gemma-3-270m".into(),
+            n_layer: 18,
+            n_embd: 640,
+            n_ff: 2048,
+            n_head: 4,
+            n_head_kv: 1,
+            head_dim_k: 256,
+            head_dim_v: 256,
+            n_vocab: 262_144,
+            n_ctx_train: 32_768,
+            n_swa: 512,
+            n_swa_layers: 15,
+            mla: false,
+            layer_bytes: vec![6_000_000; 18],
+            token_embd_bytes: 100_000_000,
+            output_bytes: 100_000_000,
+            output_tied: true,
+        }
+    }
+
+    #[test]
+    fn sliding_window_models_carry_two_masks_and_a_wider_q() {
+        let m = gemma3_270m();
+        let mut req = LlamaCppRequest::new(m.clone());
+        req.ctx_size = 4096;
+        req.n_gpu_layers = Some(0);
+        let p = plan(&req);
+        // Full-cache mask over 4,096 cells and window mask over pad(512 + 512, 256) = 1,024
+        // cells, f16 with flash attention; the feed-forward block is the peak.
+        let ffn = 512 * 4 * (3 * 2048 + 5 * 640);
+        let mask = (4096 + 1024) * 512 * 2;
+        assert_eq!(p.compute_buffer_bytes, 512 * 8 + mask + ffn);
+        // Without flash attention, 2 slots of 2,048 cells: f32 masks over 2,048 + 1,024 cells,
+        // and the scores 2,048 × 512 × 4 heads beside five rows of Q (4 × 256) and K (256).
+        req.parallel = 2;
+        req.flash_attn = FlashAttn::Off;
+        let p = plan(&req);
+        let mask = (2048 + 1024) * 512 * 4;
+        let attention = 2048 * 512 * 4 * 4 + 512 * 4 * 5 * (4 * 256 + 256);
+        assert_eq!(p.compute_buffer_bytes, 512 * 8 + mask + attention);
     }
 
     #[test]
