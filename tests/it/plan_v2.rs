@@ -170,6 +170,18 @@ fn vibevoice_asr_is_planned_as_the_audio_lane_with_its_whole_checkpoint() {
     let w = u(&p, "weights_bytes") as f64;
     assert!((w - checkpoint).abs() <= checkpoint * 0.01, "{w}");
     assert!(u(&p, "weights_upcast_bytes") > 0);
+    // The modules, their stored dtype (all bf16) and what the vLLM plugin holds them in.
+    let parts = p["weights_by_component"].as_array().unwrap();
+    let sum: u64 = parts.iter().map(|c| u(c, "bytes")).sum();
+    assert_eq!(sum, u(&p, "weights_bytes"));
+    assert!(parts.iter().all(|c| c["stored_dtype"] == "bf16"));
+    let f32_params: u64 = parts
+        .iter()
+        .filter(|c| c["loaded_dtype"] == "f32")
+        .map(|c| u(c, "params"))
+        .sum();
+    // Upcast bf16 → f32: 2 more bytes for each of those parameters.
+    assert_eq!(u(&p, "weights_upcast_bytes"), 2 * f32_params);
     assert_eq!(p["lanes"]["lane"], "audio");
     // 60 min at 7.5 tokens/s + 250 transcript tokens a minute + a 128-token prompt.
     let len = 60 * 450 + 60 * 250 + 128;

@@ -61,21 +61,37 @@ pub struct CatalogComponent {
 }
 
 impl CatalogModel {
+    /// The listed components as the planner's type (empty when none are listed).
+    pub fn weight_components(&self) -> Result<Vec<headroom_plan::WeightComponent>, InspectError> {
+        let dtype = |c: &CatalogComponent, d: &str| {
+            headroom_plan::Dtype::parse(d).ok_or_else(|| InspectError::Malformed {
+                file: "catalog models.json".into(),
+                reason: format!("{}: {}: unknown dtype '{d}'", self.id, c.name),
+            })
+        };
+        self.components
+            .iter()
+            .map(|c| {
+                let stored = dtype(c, &c.dtype)?;
+                let loaded = match c.loaded_dtype.as_deref() {
+                    Some(d) => dtype(c, d)?,
+                    None => stored,
+                };
+                Ok(headroom_plan::WeightComponent {
+                    name: c.name.clone(),
+                    params: c.params,
+                    stored_dtype: stored,
+                    loaded_dtype: loaded,
+                    bytes: c.params * stored.bytes(),
+                })
+            })
+            .collect()
+    }
+
     /// Bytes of the listed components at their stored dtypes (`None` when none are listed).
     pub fn components_bytes(&self) -> Result<Option<u64>, InspectError> {
-        if self.components.is_empty() {
-            return Ok(None);
-        }
-        let mut total = 0u64;
-        for c in &self.components {
-            let d =
-                headroom_plan::Dtype::parse(&c.dtype).ok_or_else(|| InspectError::Malformed {
-                    file: "catalog models.json".into(),
-                    reason: format!("{}: {}: unknown dtype '{}'", self.id, c.name, c.dtype),
-                })?;
-            total += c.params * d.bytes();
-        }
-        Ok(Some(total))
+        let parts = self.weight_components()?;
+        Ok((!parts.is_empty()).then(|| parts.iter().map(|c| c.bytes).sum()))
     }
 }
 
@@ -188,6 +204,7 @@ pub fn model_spec(m: &CatalogModel) -> Result<ModelSpec, InspectError> {
     }
     let mut spec = spec_from_config(&m.id, &m.source, &config)?;
     spec.source = format!("built-in catalog ({})", m.source);
+    spec.weight_components = m.weight_components()?;
     if let Some(sum) = m.components_bytes()?
         && m.weights_bytes != Some(sum)
     {

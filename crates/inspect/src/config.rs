@@ -413,6 +413,7 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         extra_params: vision_params(root),
         extra_dtype: dtype_of(root, text),
         exact_weights: None,
+        weight_components: Vec::new(),
     })
 }
 
@@ -470,6 +471,7 @@ fn whisper_spec(
         extra_params: encoder + cross,
         extra_dtype: dtype,
         exact_weights: None,
+        weight_components: Vec::new(),
     })
 }
 

@@ -347,6 +347,7 @@ impl GgufMeta {
                 bytes: self.tensor_bytes(),
                 origin: WeightsOrigin::GgufTensors,
             }),
+            weight_components: Vec::new(),
         })
     }
 }

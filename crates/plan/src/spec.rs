@@ -222,6 +222,18 @@ pub enum WeightsOrigin {
     Catalog,
 }
 
+/// One module of a checkpoint, when its source lists them (the catalog's VibeVoice entries):
+/// element count, the dtype the checkpoint stores it in and the one the engine holds it in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightComponent {
+    pub name: String,
+    pub params: u64,
+    pub stored_dtype: Dtype,
+    pub loaded_dtype: Dtype,
+    /// `params ×` the stored dtype's bytes.
+    pub bytes: u64,
+}
+
 /// Everything the planner needs to know about one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
@@ -264,6 +276,9 @@ pub struct ModelSpec {
     pub extra_params: u64,
     pub extra_dtype: Dtype,
     pub exact_weights: Option<ExactWeights>,
+    /// The checkpoint's modules with their dtypes, when known (empty otherwise).
+    #[serde(default)]
+    pub weight_components: Vec<WeightComponent>,
 }
 
 fn known() -> bool {
@@ -315,6 +330,7 @@ impl ModelSpec {
             extra_params: 0,
             extra_dtype: Dtype::Bf16,
             exact_weights: None,
+            weight_components: Vec::new(),
         }
     }
 }

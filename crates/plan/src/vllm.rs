@@ -417,6 +417,10 @@ pub struct Plan {
     /// Extra bytes of components loaded wider than stored (VibeVoice tokenizers in float32),
     /// on top of `weights_bytes` (the checkpoint's own total).
     pub weights_upcast_bytes: u64,
+    /// The checkpoint's modules with stored and loaded dtypes, when the model source lists them
+    /// (the catalog's VibeVoice entries); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights_by_component: Vec<crate::spec::WeightComponent>,
     pub activation_peak_bytes: u64,
     pub non_torch_bytes: u64,
     pub cuda_graph_bytes: u64,
@@ -972,6 +976,7 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
         },
         kv_bytes_per_token_all_ranks: per_token * r.tp,
         weights_upcast_bytes: upcast,
+        weights_by_component: spec.weight_components.clone(),
         activation_peak_bytes: activation,
         non_torch_bytes: non_torch,
         cuda_graph_bytes: graphs,
