@@ -236,6 +236,7 @@ mod tests {
             steady_timeout: Duration::from_secs(1),
             warmup: None,
             text: None,
+            audio_vllm: None,
             stop_grace: Duration::from_secs(1),
         }
     }
