@@ -959,6 +959,17 @@ max_output_tokens = 256
     }
 
     #[test]
+    fn the_seed_one_example_parses() {
+        let text = include_str!("../../../examples/gpu-vibevoice.up.toml");
+        let b = BoxConfig::parse(text, Path::new("/box")).unwrap();
+        assert_eq!(b.memory.probe, ProbeKind::Nvml);
+        let asr = b.backends[0].audio_vllm.as_ref().unwrap();
+        assert_eq!(asr.model, "microsoft/VibeVoice-ASR");
+        assert_eq!(asr.max_audio_seconds, 3600.0);
+        assert_eq!(b.text().unwrap().engine, Engine::Vllm);
+    }
+
+    #[test]
     fn models_resolve_by_glob() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("lib/python3.11/pkg")).unwrap();
