@@ -241,6 +241,10 @@ async fn run_inner(
         ctx.log_dir.display()
     ));
 
+    if let Some(w) = process::death_tie().warning() {
+        ctx.say(&format!("up: warning: {w}"));
+    }
+
     // Start-up: every group started is held here until a keeper takes it, so an error or a
     // stop request drops (and so kills) them all.
     let mut started: Vec<Started> = Vec::new();
