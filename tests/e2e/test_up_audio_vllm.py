@@ -372,6 +372,9 @@ def test_the_text_engine_gets_capacity_minus_the_vllm_peak_minus_margin_and_stop
     assert report["capacity_bytes"] == 8 * GIB
     assert report["text_budget_bytes"] == 8 * GIB - asr["peak_bytes"] - MARGIN
     ctx, parallel = llama_flags(llm["pid"])
+    print(f"text budget {report['text_budget_bytes'] / MIB:.0f} MiB = 8192 MiB - asr peak "
+          f"{asr['peak_bytes'] / MIB:.0f} MiB - 256 MiB: llama.cpp -c {ctx} --parallel {parallel}; "
+          f"asr plan_check {asr['plan_check']}")
     assert llm["flags"][:4] == ["-c", str(ctx), "--parallel", str(parallel)]
     # A plain text chat through the gateway goes to the text engine, not to the audio vLLM.
     r = httpx.post(f"{box.base}/v1/chat/completions", timeout=120,

@@ -476,21 +476,7 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
             .await
             .map_err(|e| e.0)?;
         if let Some(f) = &planned {
-            let check = plan_check(ctx, b, f, &group, m.resident);
-            for w in check["warnings"].as_array().into_iter().flatten() {
-                ctx.say(&format!(
-                    "up: [{}] warning: {}",
-                    b.name,
-                    w.as_str().unwrap_or("")
-                ));
-            }
-            ctx.say(&format!(
-                "up: [{}] resident {} (planned {}), peak {}",
-                b.name,
-                mib(m.resident),
-                mib(f.expected.total_bytes),
-                mib(m.peak)
-            ));
+            let check = checked_against_plan(ctx, b, f, &group, m.resident, m.peak);
             ctx.status.update(&b.name, |r| {
                 r.flags = shown_flags(f);
                 r.plan_check = Some(check);
@@ -1015,21 +1001,7 @@ async fn bring_up_text(
         .max()
         .unwrap_or(resident)
         .max(resident);
-    let check = plan_check(ctx, t, f, &group, resident);
-    for w in check["warnings"].as_array().into_iter().flatten() {
-        ctx.say(&format!(
-            "up: [{}] warning: {}",
-            t.name,
-            w.as_str().unwrap_or("")
-        ));
-    }
-    ctx.say(&format!(
-        "up: [{}] resident {} (planned {}), peak {}",
-        t.name,
-        mib(resident),
-        mib(f.expected.total_bytes),
-        mib(peak)
-    ));
+    let check = checked_against_plan(ctx, t, f, &group, resident, peak);
     ctx.status.update(&t.name, |r| {
         r.resident_bytes = resident;
         r.peak_bytes = peak;
@@ -1046,6 +1018,33 @@ async fn bring_up_text(
             runs: 0,
         },
     ))
+}
+
+/// [`plan_check`], with its warnings and the measured-against-planned line logged.
+fn checked_against_plan(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    f: &TextFlags,
+    group: &Group,
+    resident: u64,
+    peak: u64,
+) -> serde_json::Value {
+    let check = plan_check(ctx, b, f, group, resident);
+    for w in check["warnings"].as_array().into_iter().flatten() {
+        ctx.say(&format!(
+            "up: [{}] warning: {}",
+            b.name,
+            w.as_str().unwrap_or("")
+        ));
+    }
+    ctx.say(&format!(
+        "up: [{}] resident {} (planned {}), peak {}",
+        b.name,
+        mib(resident),
+        mib(f.expected.total_bytes),
+        mib(peak)
+    ));
+    check
 }
 
 /// Compares the plan with what the engine's start-up log says (through doctor's reader) and
