@@ -138,16 +138,18 @@ def expected_vllm_flags():
     """--max-model-len: audio tokens (30 s × 10/s) + 250 transcript tokens a minute + 128 prompt
     tokens. --max-num-seqs: the box's max_parallel (2), as the KV space holds far more whole
     sequences. VLLM_CPU_KVCACHE_SPACE: the whole GiB those sequences need, at SmolLM2's KV per
-    token from its config.json (float32: layers × 2 × KV heads × head_dim × 4 bytes) in 16-token
-    blocks."""
+    token from its config.json (float32: layers × 2 × KV heads × head_dim × 4 bytes) in vLLM-on-
+    CPU's 128-token blocks. The KV size vLLM logs in tokens: the whole blocks of that space over the
+    blocks one sequence holds, times its length."""
     import json
 
     cfg = json.loads((MODEL / "config.json").read_text())
     per_token = cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4
     length = math.ceil(AUDIO_SECONDS * TOKENS_PER_SECOND) + math.ceil(AUDIO_SECONDS / 60 * 250) + 128
-    per_sequence = math.ceil(length / 16) * 16 * per_token
-    kv_gib = max(1, math.ceil(MAX_PARALLEL * per_sequence / GIB))
-    return length, MAX_PARALLEL, kv_gib
+    blocks_each = math.ceil(length / 128)
+    kv_gib = max(1, math.ceil(MAX_PARALLEL * blocks_each * 128 * per_token / GIB))
+    blocks = kv_gib * GIB // (128 * per_token)
+    return length, MAX_PARALLEL, kv_gib, int(blocks / blocks_each * length)
 
 
 # ---- running `headroom up` ---------------------------------------------------------------------
@@ -172,7 +174,7 @@ args = ["-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--ser
 env = {{ VLLM_TARGET_DEVICE = "cpu", HF_HUB_OFFLINE = "1", TRANSFORMERS_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", DO_NOT_TRACK = "1" }}
 port = {asr_port}
 health = "/health"
-ready_timeout = "600s"
+ready_timeout = "900s"
 steady_window = "3s"
 steady_timeout = "60s"
 stop_grace = "15s"
@@ -316,7 +318,7 @@ def running(tmp):
 def test_the_vllm_runs_with_the_flags_its_audio_and_kv_call_for(running):
     box, report, _, _ = running
     asr = backend(report, "asr")
-    length, seqs, kv_gib = expected_vllm_flags()
+    length, seqs, kv_gib, kv_tokens = expected_vllm_flags()
     args = cmdline(asr["pid"])
     print(f"asr: --max-model-len {flag(args, '--max-model-len')} --max-num-seqs {flag(args, '--max-num-seqs')} "
           f"VLLM_CPU_KVCACHE_SPACE={environ(asr['pid']).get('VLLM_CPU_KVCACHE_SPACE')}; expected {length} {seqs} {kv_gib}")
@@ -329,6 +331,9 @@ def test_the_vllm_runs_with_the_flags_its_audio_and_kv_call_for(running):
     check = asr["plan_check"]
     assert check["log"]["kv_cache_bytes"] == kv_gib * GIB, check
     assert check["planned"]["kv_cache_bytes"] == kv_gib * GIB, check
+    # Its KV size in tokens, as vLLM logs it, is what the plan expects (no warning about it).
+    assert check["log"]["kv_tokens"] == kv_tokens == check["planned"]["kv_tokens"], check
+    assert not [w for w in check["warnings"] if "KV" in w], check
     # The gateway's lane for it runs as many jobs at once as it has sequences, and refuses
     # audio longer than the length was sized for.
     lanes = httpx.get(f"{box.base}/admin/lanes", timeout=5).json()["lanes"]

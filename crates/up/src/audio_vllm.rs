@@ -127,6 +127,10 @@ fn gpu_instance(
     Some((instance, p))
 }
 
+/// vLLM on the CPU hands out KV in blocks of 128 tokens unless `--block-size` is given
+/// (`vllm/platforms/cpu.py`: `cache_config.block_size = 128` when the user did not set one).
+pub const CPU_BLOCK_SIZE: u64 = 128;
+
 /// The most sequences looked at when the user gives no concurrency.
 const MAX_SEQUENCES: u64 = 1024;
 
@@ -221,7 +225,7 @@ pub fn cpu_flags(
         KvSettings {
             dtype: KvCacheDtype::Auto,
             tensor_parallel_size: 1,
-            block_size: headroom_plan::vllm::DEFAULT_BLOCK_SIZE,
+            block_size: CPU_BLOCK_SIZE,
             hybrid_manager: true,
         },
     );
@@ -271,7 +275,8 @@ pub fn cpu_flags(
         expected: Expected {
             weights_bytes: weights,
             kv_cache_bytes: kv_bytes,
-            kv_tokens: layout.tokens(layout.num_blocks(kv_bytes)),
+            // vLLM logs its KV size in tokens as whole-length sequences it holds × their length.
+            kv_tokens: layout.num_blocks(kv_bytes) * len.max_model_len / blocks_each,
             total_bytes: fixed + kv_bytes,
         },
     })
@@ -584,25 +589,29 @@ mod tests {
         a.overhead = 2 * GIB;
         a.max_parallel = Some(4);
         let len = audio_length(&spec, &a).unwrap();
-        // 553 tokens in 16-token blocks: 35 blocks, 560 tokens, 25,804,800 B a sequence.
-        let per_seq = 560 * 46_080;
+        // 553 tokens in vLLM-on-CPU's 128-token blocks: 5 blocks of 128 × 46,080 B.
+        let block = 128 * 46_080;
         let weights = headroom_plan::weights::estimated_weight_bytes(&spec, spec.quantization);
         let f = cpu_flags(&spec, &a, &len, weights + 2 * GIB + 3 * GIB + GIB / 2).unwrap();
-        // Four sequences need 103 MB: one GiB of KV space.
+        // Four sequences need 118 MB: one GiB of KV space, which vLLM reports as
+        // floor(2^30 / block) = 182 blocks, 36.4 sequences of 553 tokens = 20,129 tokens (its log
+        // said "CPU KV cache size: 20,129 tokens, Maximum concurrency ... 36.40x").
         assert_eq!(
             f.env,
             vec![("VLLM_CPU_KVCACHE_SPACE".to_string(), "1".to_string())]
         );
         assert_eq!(f.args, ["--max-model-len", "553", "--max-num-seqs", "4"]);
-        // No concurrency given: every whole sequence 3 GiB hold (3 × 2^30 / 25,804,800 = 124).
+        assert_eq!(f.expected.kv_tokens, 20_129);
+        // No concurrency given: every whole sequence 3 GiB hold (546 blocks / 5 = 109).
         a.max_parallel = None;
         let f = cpu_flags(&spec, &a, &len, weights + 2 * GIB + 3 * GIB + GIB / 2).unwrap();
-        assert_eq!(f.sequences, 3 * GIB / per_seq);
+        assert_eq!(f.sequences, (3 * GIB / block) / 5);
+        assert_eq!(f.sequences, 109);
         assert_eq!(f.env[0].1, "3");
-        // Its own share caps it: 1 GiB of KV space beside weights and runtime.
+        // Its own share caps it: 1 GiB of KV space beside weights and runtime (182 / 5 = 36).
         a.memory = Some(weights + 2 * GIB + GIB + GIB / 4);
         let f = cpu_flags(&spec, &a, &len, 20 * GIB).unwrap();
-        assert_eq!(f.sequences, GIB / per_seq);
+        assert_eq!(f.sequences, 36);
         // Less than a GiB beyond weights and runtime: refused.
         a.memory = Some(weights + 2 * GIB + GIB / 2);
         assert!(cpu_flags(&spec, &a, &len, 20 * GIB).is_err());
