@@ -41,12 +41,18 @@ if [ $e2e = 1 ]; then
   # shellcheck disable=SC2046
   export $(scripts/backends.sh env)
   scripts/backends.sh start
-  .backends/client/bin/python -m pytest -q -p no:cacheprovider tests/e2e --ignore tests/e2e/test_vllm.py
+  .backends/client/bin/python -m pytest -q -p no:cacheprovider tests/e2e --ignore tests/e2e/test_vllm.py \
+    --ignore tests/e2e/test_up_audio_vllm.py
   if [ $vllm = 1 ]; then
     # vLLM runs alone: its start (three processes importing torch) and its ~5 GiB do not compete
     # with the llama.cpp and Whisper tests, and their timings do not compete with it.
     scripts/backends.sh stop llama
     scripts/backends.sh stop whisper
+    # `headroom up` with an audio vLLM: it starts its own vLLM and llama.cpp (on free ports),
+    # before the shared vLLM below takes its memory.
+    t0=$SECONDS
+    .backends/client/bin/python -m pytest -q -p no:cacheprovider tests/e2e/test_up_audio_vllm.py
+    echo "up with an audio vLLM: $((SECONDS - t0)) s"
     t0=$SECONDS
     scripts/backends.sh start vllm
     echo "vLLM start: $((SECONDS - t0)) s"

@@ -13,7 +13,9 @@ What is checked, each against this test's own reading of /proc, never against `u
   - SIGTERM: every process of every backend's group is gone within the grace period, and a
     second `up` starts cleanly on the same ports;
   - a backend that never becomes healthy, a missing command, a taken port, a missing warm-up
-    file: one line, non-zero exit, nothing left running.
+    file: one line, non-zero exit, nothing left running;
+  - kill -9 of `up` itself: every backend's process group (a grandchild included) is gone within
+    a few seconds.
 
 Run by scripts/test.sh (and so .ci/run) with the other e2e tests:  python -m pytest tests/e2e
 """
@@ -407,3 +409,30 @@ def test_a_missing_warmup_file(tmp):
     assert code == 2, err
     assert "none.wav" in line, line
     assert "started pid" not in err
+
+
+def test_kill_9_of_up_itself_leaves_no_backend(tmp):
+    """`up` killed outright runs no destructor: each backend's main process dies with it
+    (setpriv --pdeathsig) and its group watchdog kills the rest of its process group. Whisper runs
+    here as a grandchild (under `sh -c '... & wait'`), which the death signal alone would miss."""
+    whisper = (f"{ROOT}/.backends/stt/bin/faster-whisper-server --config {ROOT}/.backends/whisper.yaml "
+               "--host 127.0.0.1 --port {port} & wait")
+    box = Box(tmp, "1GiB", extra_edit=whisper_edit(command="sh", args=["-c", whisper]), name="killed")
+    proc = box.start("--log-dir", str(tmp / "logs-k9"))
+    report = box.wait_ready()
+    groups = [b["pid"] for b in report["backends"]]
+    before = {g: group_members(g) for g in groups}
+    stt = backend(report, "whisper")["pid"]
+    assert len(before[stt]) >= 2, before
+    assert "setpriv" not in box.stderr_text(), box.stderr_text()
+    t0 = time.time()
+    proc.kill()
+    proc.wait(timeout=10)
+    left = before
+    while time.time() - t0 < 10 and any(left.values()):
+        time.sleep(0.1)
+        left = {g: group_members(g) for g in groups}
+    took = time.time() - t0
+    print(f"kill -9 of up: {before} gone after {took:.1f} s")
+    assert not any(left.values()), left
+    assert took < 5, f"the backends outlived up by {took:.1f} s"

@@ -193,6 +193,12 @@ impl AudioTokenizer {
     pub fn tokens_per_second(&self) -> f64 {
         self.sample_rate_hz as f64 / self.samples_per_token as f64
     }
+
+    /// Decoder tokens for `seconds` of audio: whole samples, then whole tokens (both rounded up).
+    pub fn tokens_for_seconds(&self, seconds: f64) -> u64 {
+        let samples = (seconds.max(0.0) * self.sample_rate_hz as f64).ceil() as u64;
+        crate::units::cdiv(samples, self.samples_per_token.max(1))
+    }
 }
 
 /// What a model does, as far as planning cares.

@@ -11,7 +11,7 @@ use crate::overhead::{
     CUDA_CONTEXT_BYTES, activation_peak_bytes, cuda_graph_bytes, non_torch_bytes,
 };
 use crate::spec::{Dtype, ModelKind, ModelSpec, QuantScheme, Quantization};
-use crate::units::{GIB, cdiv, floor_2dp, gib, thousands};
+use crate::units::{GIB, floor_2dp, gib, thousands};
 use crate::weights::{estimated_weight_bytes, weight_bytes_per_rank};
 
 /// vLLM's default `--gpu-memory-utilization`.
@@ -1083,6 +1083,22 @@ pub fn right_sized_kv_bytes(layout: &KvLayout, n: u64, len: u64, mbt: u64, slack
     (blocks + extra) * layout.bytes_per_block()
 }
 
+/// Audio tokens for `seconds` of audio at `tokens_per_second` (a model whose rate is known but
+/// whose tokenizer is not described, e.g. a stand-in or a plugin headroom does not read).
+pub fn audio_tokens_at_rate(seconds: f64, tokens_per_second: f64) -> u64 {
+    (seconds.max(0.0) * tokens_per_second.max(0.0) - 1e-9)
+        .ceil()
+        .max(0.0) as u64
+}
+
+/// The `max_model_len` a speech-to-text sequence of `audio_tokens` (for `seconds` of audio)
+/// needs: the audio tokens, the transcript allowance ([`TRANSCRIPT_TOKENS_PER_MINUTE`]) and the
+/// prompt ([`ASR_PROMPT_TOKENS`]). Returns `(transcript allowance, total)`.
+pub fn asr_sequence_tokens(audio_tokens: u64, seconds: f64) -> (u64, u64) {
+    let allowance = (seconds.max(0.0) / 60.0 * TRANSCRIPT_TOKENS_PER_MINUTE as f64).ceil() as u64;
+    (allowance, audio_tokens + allowance + ASR_PROMPT_TOKENS)
+}
+
 /// Fills in `max_model_len` from `--audio-minutes` when it was not given.
 fn audio_context(
     spec: &ModelSpec,
@@ -1103,10 +1119,8 @@ fn audio_context(
         max_model_len_needed: None,
     };
     if let Some(minutes) = req.audio_minutes {
-        let samples = (minutes * 60.0 * tok.sample_rate_hz as f64).ceil() as u64;
-        let audio_tokens = cdiv(samples, tok.samples_per_token);
-        let allowance = (minutes * TRANSCRIPT_TOKENS_PER_MINUTE as f64).ceil() as u64;
-        let needed = audio_tokens + allowance + ASR_PROMPT_TOKENS;
+        let audio_tokens = tok.tokens_for_seconds(minutes * 60.0);
+        let (allowance, needed) = asr_sequence_tokens(audio_tokens, minutes * 60.0);
         ctx.requested_minutes = Some(minutes);
         ctx.audio_tokens = Some(audio_tokens);
         ctx.transcript_tokens_allowance = Some(allowance);

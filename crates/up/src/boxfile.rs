@@ -88,6 +88,26 @@ pub struct TextPlan {
     pub ubatch: u64,
 }
 
+/// What an audio backend that is itself a vLLM (`role = "audio"`, `engine = "vllm"`: VibeVoice-ASR
+/// through its vLLM plugin) is planned from; `up` computes its memory flags before it starts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AudioVllmPlan {
+    /// Model directory (config.json + safetensors), Hugging Face id or catalog name.
+    pub model: String,
+    /// The longest audio the lane accepts, in seconds: it sizes `--max-model-len` (and the lane
+    /// refuses longer clips with 413).
+    pub max_audio_seconds: f64,
+    /// Audio tokens per second of audio, for a model whose rate headroom does not know (a known
+    /// audio tokenizer, VibeVoice's 7.5/s, is used when this is not given).
+    pub audio_tokens_per_second: Option<f64>,
+    /// Its share of the pool: the most this backend may hold (weights, KV, runtime).
+    pub memory: Option<u64>,
+    /// Sequences at once the user asks for (capped by what `memory` holds).
+    pub max_parallel: Option<u64>,
+    /// Memory its runtime holds beside weights and KV (vLLM on the CPU: several GiB of torch).
+    pub overhead: u64,
+}
+
 /// One `[[backends]]` entry after validation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BackendConfig {
@@ -107,6 +127,8 @@ pub struct BackendConfig {
     pub steady_timeout: Duration,
     pub warmup: Option<Warmup>,
     pub text: Option<TextPlan>,
+    /// For an audio backend with `engine = "vllm"`: what its flags are planned from.
+    pub audio_vllm: Option<AudioVllmPlan>,
     /// Grace period between SIGTERM and SIGKILL when stopping.
     pub stop_grace: Duration,
 }
@@ -187,6 +209,9 @@ struct RawBackend {
     max_parallel: Option<i64>,
     overhead: Option<toml::Value>,
     ubatch: Option<i64>,
+    max_audio_seconds: Option<f64>,
+    audio_tokens_per_second: Option<f64>,
+    memory: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -298,6 +323,7 @@ impl BoxConfig {
             memory.calibration = Some(dir.join(c));
         }
         let serve = serve_section(raw.serve.unwrap_or_default(), &backends)?;
+        lane_audio_seconds(&mut backends, &serve)?;
         let drift_margin = raw.drift_margin.unwrap_or(0.1);
         if !(drift_margin.is_finite() && drift_margin >= 0.0) {
             return Err(bad("drift_margin", "must be a fraction of 0 or more"));
@@ -394,6 +420,14 @@ fn backend(i: usize, raw: RawBackend, dir: &Path) -> Result<BackendConfig, UpErr
                 format!("{} is not a TCP port (1-65535)", raw.port),
             )
         })?;
+    let audio_keys = AudioKeys {
+        model: raw.model.clone(),
+        max_audio_seconds: raw.max_audio_seconds,
+        audio_tokens_per_second: raw.audio_tokens_per_second,
+        memory: raw.memory.clone(),
+        max_parallel: raw.max_parallel,
+        overhead: raw.overhead.clone(),
+    };
     let health = raw.health.unwrap_or_else(|| "/health".into());
     if !health.starts_with('/') {
         return Err(bad(k("health"), "must be a path starting with /"));
@@ -439,10 +473,32 @@ fn backend(i: usize, raw: RawBackend, dir: &Path) -> Result<BackendConfig, UpErr
             ubatch: count(&k("ubatch"), raw.ubatch, 512, 1)?,
         })
     } else {
-        if raw.model.is_some() || raw.context.is_some() || raw.max_parallel.is_some() {
+        if raw.context.is_some() || raw.min_context.is_some() || raw.ubatch.is_some() {
+            return Err(bad(
+                k("context"),
+                "context, min_context and ubatch belong to the text backend",
+            ));
+        }
+        if engine != Engine::Vllm
+            && (raw.model.is_some() || raw.max_parallel.is_some() || raw.overhead.is_some())
+        {
             return Err(bad(
                 k("model"),
-                "model, context and max_parallel belong to the text backend",
+                "model, max_parallel and overhead belong to the text backend or an audio vLLM",
+            ));
+        }
+        None
+    };
+    let audio_vllm = if role == Role::Audio && engine == Engine::Vllm {
+        Some(audio_vllm_plan(&k, &audio_keys)?)
+    } else {
+        if audio_keys.max_audio_seconds.is_some()
+            || audio_keys.audio_tokens_per_second.is_some()
+            || audio_keys.memory.is_some()
+        {
+            return Err(bad(
+                k("max_audio_seconds"),
+                "max_audio_seconds, audio_tokens_per_second and memory belong to an audio backend with engine = \"vllm\"",
             ));
         }
         None
@@ -478,7 +534,106 @@ fn backend(i: usize, raw: RawBackend, dir: &Path) -> Result<BackendConfig, UpErr
         )?,
         warmup,
         text,
+        audio_vllm,
     })
+}
+
+/// The keys an audio vLLM is planned from, as written.
+struct AudioKeys {
+    model: Option<String>,
+    max_audio_seconds: Option<f64>,
+    audio_tokens_per_second: Option<f64>,
+    memory: Option<toml::Value>,
+    max_parallel: Option<i64>,
+    overhead: Option<toml::Value>,
+}
+
+fn audio_vllm_plan(k: &dyn Fn(&str) -> String, raw: &AudioKeys) -> Result<AudioVllmPlan, UpError> {
+    let model = raw.model.clone().ok_or_else(|| {
+        bad(
+            k("model"),
+            "an audio vLLM needs the model its flags are planned from (a folder, a Hugging Face id or a catalog name such as microsoft/VibeVoice-ASR)",
+        )
+    })?;
+    if let Some(s) = raw.max_audio_seconds
+        && !(s.is_finite() && s > 0.0)
+    {
+        return Err(bad(
+            k("max_audio_seconds"),
+            "must be a positive number of seconds",
+        ));
+    }
+    if let Some(r) = raw.audio_tokens_per_second
+        && !(r.is_finite() && r > 0.0)
+    {
+        return Err(bad(k("audio_tokens_per_second"), "must be a positive rate"));
+    }
+    let memory = match &raw.memory {
+        None => None,
+        Some(v) => Some(size(&k("memory"), v)?).filter(|m| *m > 0),
+    };
+    let max_parallel = match raw.max_parallel {
+        None => None,
+        n => Some(count(&k("max_parallel"), n, 1, 1)?),
+    };
+    if memory.is_none() && max_parallel.is_none() {
+        return Err(bad(
+            k("memory"),
+            "an audio vLLM needs its share of the pool (`memory`, e.g. \"20GiB\") or the sequences it runs at once (`max_parallel`), so it leaves the rest to the text engine",
+        ));
+    }
+    Ok(AudioVllmPlan {
+        model,
+        // Filled from the lane's own key when the backend does not give it.
+        max_audio_seconds: raw.max_audio_seconds.unwrap_or(0.0),
+        audio_tokens_per_second: raw.audio_tokens_per_second,
+        memory,
+        max_parallel,
+        overhead: match &raw.overhead {
+            None => 0,
+            Some(v) => size(&k("overhead"), v)?,
+        },
+    })
+}
+
+/// An audio vLLM's longest audio: its own `max_audio_seconds`, else its lane's
+/// (`[serve.lanes.NAME] max_audio_seconds`); one of the two is required.
+fn lane_audio_seconds(backends: &mut [BackendConfig], serve: &ServeSection) -> Result<(), UpError> {
+    for (i, b) in backends.iter_mut().enumerate() {
+        let name = b.name.clone();
+        let Some(a) = b.audio_vllm.as_mut() else {
+            continue;
+        };
+        let lane = serve
+            .lanes
+            .get(&name)
+            .and_then(|t| t.get("max_audio_seconds"))
+            .and_then(|v| v.as_float().or_else(|| v.as_integer().map(|i| i as f64)));
+        if a.max_audio_seconds > 0.0 {
+            if let Some(l) = lane
+                && (l - a.max_audio_seconds).abs() > 1e-9
+            {
+                return Err(bad(
+                    format!("serve.lanes.{name}.max_audio_seconds"),
+                    format!(
+                        "{l} differs from backends[{i}] ({name}).max_audio_seconds = {}: give it once",
+                        a.max_audio_seconds
+                    ),
+                ));
+            }
+            continue;
+        }
+        match lane {
+            Some(l) if l.is_finite() && l > 0.0 => a.max_audio_seconds = l,
+            _ => {
+                return Err(bad(
+                    format!("backends[{i}] ({name}).max_audio_seconds"),
+                    "an audio vLLM's --max-model-len comes from the longest audio its lane accepts: give max_audio_seconds (here or in [serve.lanes.NAME])",
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn warmup(
@@ -740,6 +895,78 @@ max_output_tokens = 256
             "[[backends]]\nname = \"tts\"\nrole = \"audio\"\ncommand = \"x\"\nport = 20082\n[serve]",
         );
         assert!(err(&text).contains("before the text backend"));
+    }
+
+    fn with_audio_vllm(keys: &str, lane: &str) -> String {
+        MINIMAL.replace(
+            "[[backends]]\nname = \"llm\"",
+            &format!(
+                "[[backends]]\nname = \"asr\"\nrole = \"audio\"\nengine = \"vllm\"\ncommand = \"vllm\"\nport = 20083\n{keys}\n[[backends]]\nname = \"llm\""
+            ),
+        ) + lane
+    }
+
+    #[test]
+    fn an_audio_vllm_takes_its_planning_keys() {
+        let text = with_audio_vllm(
+            "model = \"microsoft/VibeVoice-ASR\"\nmax_audio_seconds = 3600\nmemory = \"30GiB\"\nmax_parallel = 2",
+            "",
+        );
+        let b = BoxConfig::parse(&text, Path::new("/box")).unwrap();
+        let a = b.backends[1].audio_vllm.as_ref().unwrap();
+        assert_eq!(a.model, "microsoft/VibeVoice-ASR");
+        assert_eq!(a.max_audio_seconds, 3600.0);
+        assert_eq!((a.memory, a.max_parallel), (Some(30 << 30), Some(2)));
+        assert_eq!(a.audio_tokens_per_second, None);
+        // The lane's own max_audio_seconds serves when the backend does not give one.
+        let text = with_audio_vllm(
+            "model = \"m\"\nmax_parallel = 1\naudio_tokens_per_second = 10.0",
+            "[serve.lanes.asr]\nmax_audio_seconds = 45.0\n",
+        );
+        let b = BoxConfig::parse(&text, Path::new("/box")).unwrap();
+        let a = b.backends[1].audio_vllm.as_ref().unwrap();
+        assert_eq!(
+            (a.max_audio_seconds, a.audio_tokens_per_second),
+            (45.0, Some(10.0))
+        );
+    }
+
+    #[test]
+    fn an_audio_vllm_without_its_keys_is_refused_with_the_key_named() {
+        let e = err(&with_audio_vllm("model = \"m\"\nmax_parallel = 1", ""));
+        assert!(e.contains("(asr).max_audio_seconds"), "{e}");
+        let e = err(&with_audio_vllm(
+            "model = \"m\"\nmax_audio_seconds = 30",
+            "",
+        ));
+        assert!(
+            e.contains("(asr).memory") && e.contains("max_parallel"),
+            "{e}"
+        );
+        let e = err(&with_audio_vllm(
+            "max_audio_seconds = 30\nmax_parallel = 1",
+            "",
+        ));
+        assert!(e.contains("(asr).model"), "{e}");
+        let e = err(&with_audio_vllm(
+            "model = \"m\"\nmax_parallel = 1\nmax_audio_seconds = 30",
+            "[serve.lanes.asr]\nmax_audio_seconds = 60.0\n",
+        ));
+        assert!(e.contains("serve.lanes.asr.max_audio_seconds"), "{e}");
+        // The audio vLLM keys mean nothing on a whisper backend.
+        let e = err(&MINIMAL.replace("port = 20081\n", "port = 20081\nmax_audio_seconds = 30\n"));
+        assert!(e.contains("(stt).max_audio_seconds"), "{e}");
+    }
+
+    #[test]
+    fn the_seed_one_example_parses() {
+        let text = include_str!("../../../examples/gpu-vibevoice.up.toml");
+        let b = BoxConfig::parse(text, Path::new("/box")).unwrap();
+        assert_eq!(b.memory.probe, ProbeKind::Nvml);
+        let asr = b.backends[0].audio_vllm.as_ref().unwrap();
+        assert_eq!(asr.model, "microsoft/VibeVoice-ASR");
+        assert_eq!(asr.max_audio_seconds, 3600.0);
+        assert_eq!(b.text().unwrap().engine, Engine::Vllm);
     }
 
     #[test]

@@ -53,8 +53,13 @@ pub struct DoesNotFit {
 
 impl DoesNotFit {
     pub fn message(&self) -> String {
+        self.message_for("the text engine")
+    }
+
+    /// The same line for another engine (`the audio vLLM`).
+    pub fn message_for(&self, subject: &str) -> String {
         format!(
-            "the text engine does not fit: {} needs {}, its budget is {} (short by {}); options: {}",
+            "{subject} does not fit: {} needs {}, its budget is {} (short by {}); options: {}",
             self.what,
             mib(self.needed_bytes),
             mib(self.budget_bytes),
@@ -181,19 +186,24 @@ pub fn llamacpp_flags(
     })
 }
 
-/// vLLM on a GPU: `plan` with the audio peaks as reservations, the co-tenants as memory others
-/// hold and the margin as safety margin, so `util × total` fits vLLM's start-up free-memory
-/// check by construction; the KV pool is pinned with `--kv-cache-memory`.
+/// vLLM on a GPU: `plan` with the audio peaks (an audio vLLM's among them) as reservations, the
+/// co-tenants as memory others hold and the margin as safety margin, so `util × total` fits
+/// vLLM's start-up free-memory check by construction; the KV pool is pinned with
+/// `--kv-cache-memory`. `device_total` is the card as vLLM sees it: its utilization is a fraction
+/// of the whole card, so a pool `capacity` below the card counts the rest as held by others.
 pub fn vllm_gpu_flags(
     spec: &ModelSpec,
     text: &TextPlan,
     budget: &Budget,
     audio: &[AudioFootprint],
+    device_total: u64,
 ) -> Result<TextFlags, DoesNotFit> {
-    let mut req = headroom_plan::PlanRequest::new(budget.capacity_bytes);
+    let device_total = device_total.max(budget.capacity_bytes);
+    let mut req = headroom_plan::PlanRequest::new(device_total);
     req.max_model_len = Some(text.context);
     req.max_num_seqs = Some(text.max_parallel);
-    req.other_used_bytes = budget.cotenant_bytes;
+    req.other_used_bytes =
+        budget.cotenant_bytes + device_total.saturating_sub(budget.capacity_bytes);
     req.safety_margin_bytes = budget.margin_bytes;
     req.reservations = audio
         .iter()
@@ -450,7 +460,7 @@ mod tests {
             peak_bytes: 3 * GIB,
         }];
         let budget = Budget::new(48 * GIB, &audio, GIB, GIB / 2);
-        let f = vllm_gpu_flags(&dense_spec(), &text, &budget, &audio).unwrap();
+        let f = vllm_gpu_flags(&dense_spec(), &text, &budget, &audio, 48 * GIB).unwrap();
         let util: f64 = f.args[f
             .args
             .iter()
@@ -469,7 +479,7 @@ mod tests {
         assert!(f.sequences >= 1 && f.sequences <= 16);
         // A card too small for the weights beside the audio peak is refused.
         let small = Budget::new(16 * GIB, &audio, 0, GIB / 2);
-        assert!(vllm_gpu_flags(&dense_spec(), &text, &small, &audio).is_err());
+        assert!(vllm_gpu_flags(&dense_spec(), &text, &small, &audio, 16 * GIB).is_err());
     }
 
     #[test]

@@ -29,9 +29,15 @@ fn audio_paths(b: &BackendConfig) -> Vec<String> {
         ],
         _ => match &b.warmup {
             Some(w) if !w.path.is_empty() => vec![w.path.clone()],
+            // An audio vLLM (VibeVoice-ASR's plugin) takes audio in chat requests.
+            _ if b.audio_vllm.is_some() => vec!["/v1/chat/completions".into()],
             _ => vec!["/v1/audio/speech".into()],
         },
     }
+}
+
+fn paths_take_chat(b: &BackendConfig) -> bool {
+    audio_paths(b).iter().any(|p| p == "/v1/chat/completions")
 }
 
 fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
@@ -57,10 +63,24 @@ fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
             t.insert("gpu_memory_per_job".into(), i(f.per_job_bytes));
             // serve's ledger refines the measured figure from real jobs (kept in the calibration file).
             t.insert("learn".into(), toml::Value::Boolean(true));
+            if paths_take_chat(b) {
+                // Chat requests that carry audio parts come here; plain text chats go on to
+                // the text lane.
+                t.insert("chat_audio".into(), toml::Value::Boolean(true));
+            }
+            if let Some(a) = &b.audio_vllm {
+                // Its --max-model-len was sized for this much audio: longer clips get 413.
+                t.insert(
+                    "max_audio_seconds".into(),
+                    toml::Value::Float(a.max_audio_seconds),
+                );
+            }
             if let Some(per_second) = f.per_audio_second_bytes {
                 t.insert("gpu_memory_per_audio_second".into(), i(per_second));
                 // Audio of unknown length is counted as this long (overridable per lane).
-                t.insert("max_audio_seconds".into(), toml::Value::Float(600.0));
+                if !t.contains_key("max_audio_seconds") {
+                    t.insert("max_audio_seconds".into(), toml::Value::Float(600.0));
+                }
             }
         }
         Role::Text => {

@@ -4,10 +4,12 @@
 //! ([`warmup`]), gives the text engine what the measured peaks leave ([`budget`]) as its own
 //! memory flags ([`flags`]), starts it and checks its start-up log, then runs `serve` in the same
 //! process with lanes derived from the same figures ([`lanes`]), restarts backends that exit and
-//! stops everything in order ([`supervisor`]). Planning comes from `headroom-plan`, GGUF reading
+//! stops everything in order ([`supervisor`]). An audio backend that is itself a vLLM is planned
+//! before it starts ([`audio_vllm`]), then measured like the others. Planning comes from `headroom-plan`, GGUF reading
 //! from `headroom-inspect`, log reading from `headroom-doctor`, memory readings from
 //! `headroom-gpu` (NVML or the host pool), the gateway from `headroom-server`.
 
+pub mod audio_vllm;
 pub mod boxfile;
 pub mod budget;
 pub mod example;

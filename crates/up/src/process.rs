@@ -2,10 +2,18 @@
 //! whole tree it forks can be signalled at once), its output appended to a log file, and stopped
 //! by group: SIGTERM, a grace period, then SIGKILL. [`Group`] kills its group when dropped, so
 //! no error path (a failed start-up, a panic unwinding) leaves a backend behind.
+//!
+//! When `up` itself is killed (`kill -9`: no destructor runs) its backends are tied to it twice,
+//! without `unsafe`: the backend is started through util-linux's `setpriv --pdeathsig KILL`, so
+//! the kernel kills the direct child when `up` dies, and a small watchdog per group (`sh` waiting
+//! on `up`'s PID with coreutils' `tail --pid`) then kills the whole process group, which reaches
+//! the grandchildren (vLLM's engine core, worker processes) that the death signal does not. A
+//! grandchild that leaves the group (its own `setsid`) escapes both.
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal, kill_process_group, test_kill_process_group};
@@ -21,6 +29,74 @@ pub struct Group {
     pub pid: u32,
     child: Option<Child>,
     pub log: PathBuf,
+    /// Kills the group if `up` dies without stopping it (killed on drop).
+    watchdog: Option<Child>,
+}
+
+/// How backends die with `up` when it is killed outright: the programs found for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeathTie {
+    /// `setpriv` with `--pdeathsig` (util-linux 2.33+): SIGKILL to the direct child when `up` dies.
+    pub setpriv: Option<PathBuf>,
+    /// `sh` and a `tail` with `--pid` (coreutils): the group watchdog.
+    pub watchdog: Option<(PathBuf, PathBuf)>,
+}
+
+impl DeathTie {
+    /// One line for the log when either is missing.
+    pub fn warning(&self) -> Option<String> {
+        match (&self.setpriv, &self.watchdog) {
+            (Some(_), Some(_)) => None,
+            (None, Some(_)) => Some("setpriv with --pdeathsig (util-linux) was not found: if up is killed with SIGKILL, its backends are killed by the group watchdog only (within about a second)".into()),
+            (Some(_), None) => Some("sh or a tail with --pid (coreutils) was not found: if up is killed with SIGKILL, only each backend's main process dies with it (setpriv --pdeathsig), not the processes it started".into()),
+            (None, None) => Some("neither setpriv --pdeathsig (util-linux) nor sh + tail --pid (coreutils) was found: if up is killed with SIGKILL, its backends keep running".into()),
+        }
+    }
+}
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|p| p.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Whether `program --help` mentions `option` (so it supports it).
+fn supports(program: &Path, option: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(option))
+        .unwrap_or(false)
+}
+
+/// The programs that tie backends to `up`'s life, looked up once.
+pub fn death_tie() -> &'static DeathTie {
+    static TIE: OnceLock<DeathTie> = OnceLock::new();
+    TIE.get_or_init(|| DeathTie {
+        setpriv: on_path("setpriv").filter(|p| supports(p, "--pdeathsig")),
+        watchdog: on_path("sh").zip(on_path("tail").filter(|p| supports(p, "--pid"))),
+    })
+}
+
+/// A watchdog in its own process group: waits for `up` (this process) to exit, checking every
+/// 0.2 s, then kills group `pgid`. Stopped by the [`Group`] once the group is gone.
+fn spawn_watchdog(pgid: u32) -> Option<Child> {
+    let (sh, tail) = death_tie().watchdog.clone()?;
+    let mut cmd = Command::new(sh);
+    cmd.arg("-c")
+        .arg("\"$0\" -s 0.2 --pid=\"$1\" -f /dev/null; kill -s KILL -- -\"$2\" 2>/dev/null")
+        .arg(tail)
+        .arg(std::process::id().to_string())
+        .arg(pgid.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    cmd.spawn().ok()
 }
 
 /// Starts `backend` with `extra_args` and `extra_env` added, cwd = `dir`, output to `log`.
@@ -43,7 +119,16 @@ pub fn spawn(
         what: format!("log file {}", log.display()),
         source: e,
     })?;
-    let mut cmd = Command::new(&backend.command);
+    // Through setpriv when there is one: it sets the death signal and execs the backend, so the
+    // PID (and process group) stay the backend's.
+    let mut cmd = match &death_tie().setpriv {
+        Some(setpriv) => {
+            let mut c = Command::new(setpriv);
+            c.args(["--pdeathsig", "KILL", "--"]).arg(&backend.command);
+            c
+        }
+        None => Command::new(&backend.command),
+    };
     cmd.args(backend.expanded_args())
         .args(extra_args)
         .envs(&backend.env)
@@ -74,6 +159,7 @@ pub fn spawn(
         pid,
         child: Some(child),
         log: log.to_path_buf(),
+        watchdog: spawn_watchdog(pid),
     })
 }
 
@@ -119,9 +205,25 @@ impl Group {
         }
     }
 
+    /// Stops the watchdog once the group is gone (so it never signals a reused PGID).
+    fn end_watchdog(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.start_kill();
+            let _ = w.try_wait();
+        }
+    }
+
     /// SIGTERM to the group, up to `grace` for every process of it to exit, then SIGKILL.
     /// Returns whether SIGKILL was needed.
     pub async fn stop(&mut self, grace: Duration) -> bool {
+        let killed = self.stop_group(grace).await;
+        if !self.group_alive() {
+            self.end_watchdog();
+        }
+        killed
+    }
+
+    async fn stop_group(&mut self, grace: Duration) -> bool {
         if !self.group_alive() {
             return false;
         }
@@ -164,7 +266,8 @@ pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        // The last line of defence (errors, panics): no grace beyond a short wait.
+        // The last line of defence (errors, panics): no grace beyond a short wait. The watchdog
+        // (kill_on_drop) goes with the struct.
         if self.group_alive() {
             self.signal(Signal::TERM);
             for _ in 0..40 {
@@ -236,6 +339,7 @@ mod tests {
             steady_timeout: Duration::from_secs(1),
             warmup: None,
             text: None,
+            audio_vllm: None,
             stop_grace: Duration::from_secs(1),
         }
     }
@@ -287,6 +391,40 @@ mod tests {
         assert!(alive(pid));
         drop(g);
         assert!(!alive(pid));
+    }
+
+    #[tokio::test]
+    async fn a_backend_runs_under_its_own_pid_with_a_watchdog_that_ends_with_its_group() {
+        let tie = death_tie();
+        // Debian's essential packages: util-linux's setpriv and coreutils' tail.
+        assert!(tie.setpriv.is_some() && tie.watchdog.is_some(), "{tie:?}");
+        let dir = tempfile::tempdir().unwrap();
+        let mut g = spawn(
+            &backend("sleep", &["600"]),
+            &[],
+            &[],
+            dir.path(),
+            &dir.path().join("t.log"),
+        )
+        .unwrap();
+        // setpriv exec'd the backend: same PID, the backend's own command line.
+        let mut cmd = String::new();
+        for _ in 0..100 {
+            cmd = std::fs::read_to_string(format!("/proc/{}/cmdline", g.pid)).unwrap_or_default();
+            if cmd.starts_with("sleep") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(cmd, "sleep\u{0}600\u{0}");
+        let watchdog = g.watchdog.as_ref().and_then(|w| w.id()).unwrap();
+        assert!(alive(watchdog));
+        g.stop(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !alive(g.pid) && !alive(watchdog),
+            "watchdog {watchdog} outlived its group"
+        );
     }
 
     #[test]

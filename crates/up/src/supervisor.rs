@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::UpError;
+use crate::audio_vllm;
 use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, resolve_model};
 use crate::budget::{AudioFootprint, Budget, CoTenants, mib};
 use crate::flags::{self, TextFlags};
@@ -70,6 +71,8 @@ struct Meter {
     kind: ProbeKind,
     device: u32,
     capacity: u64,
+    /// The card as vLLM sees it (NVML total − reserved); the capacity on the host pool.
+    device_total: u64,
     pool: Option<HostPool>,
     sampler: Sampler,
 }
@@ -238,6 +241,10 @@ async fn run_inner(
         ctx.log_dir.display()
     ));
 
+    if let Some(w) = process::death_tie().warning() {
+        ctx.say(&format!("up: warning: {w}"));
+    }
+
     // Start-up: every group started is held here until a keeper takes it, so an error or a
     // stop request drops (and so kills) them all.
     let mut started: Vec<Started> = Vec::new();
@@ -327,40 +334,49 @@ fn preflight(config: &BoxConfig) -> Result<(), UpError> {
         if let Some(t) = &b.text {
             resolve_model(&config.dir, &t.model)?;
         }
+        if let Some(a) = &b.audio_vllm {
+            resolve_model(&config.dir, &a.model)?;
+        }
     }
     Ok(())
 }
 
 fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError> {
     let m = &config.memory;
-    let (probe, pool, capacity): (Arc<dyn GpuProbe>, Option<HostPool>, u64) = match m.probe {
-        ProbeKind::Host => {
-            let capacity = match m.capacity {
-                Some(c) => c,
-                None => headroom_gpu::host::host_mem_total()
-                    .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
-            };
-            let pool = HostPool::new(capacity);
-            // Co-tenants: the processes listening on the watched upstreams, with their trees.
-            let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
-            for url in m.watch.iter().filter(|u| !ours.contains(u)) {
-                if let Ok(pid) = headroom_gpu::url_listener(url) {
-                    pool.set_member(url, pid);
+    let (probe, pool, capacity, device_total): (Arc<dyn GpuProbe>, Option<HostPool>, u64, u64) =
+        match m.probe {
+            ProbeKind::Host => {
+                let capacity = match m.capacity {
+                    Some(c) => c,
+                    None => headroom_gpu::host::host_mem_total()
+                        .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
+                };
+                let pool = HostPool::new(capacity);
+                // Co-tenants: the processes listening on the watched upstreams, with their trees.
+                let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
+                for url in m.watch.iter().filter(|u| !ours.contains(u)) {
+                    if let Ok(pid) = headroom_gpu::url_listener(url) {
+                        pool.set_member(url, pid);
+                    }
                 }
+                (Arc::new(pool.clone()), Some(pool), capacity, capacity)
             }
-            (Arc::new(pool.clone()), Some(pool), capacity)
-        }
-        ProbeKind::Nvml => {
-            let nvml = NvmlProbe::new().map_err(|e| UpError::Probe(e.to_string()))?;
-            let devices = nvml.snapshot().map_err(|e| UpError::Probe(e.to_string()))?;
-            let device = devices
-                .iter()
-                .find(|d| d.index == m.device)
-                .ok_or_else(|| UpError::Probe(format!("no GPU with index {}", m.device)))?;
-            let total = device.total_bytes.saturating_sub(device.reserved_bytes);
-            (Arc::new(nvml), None, m.capacity.unwrap_or(total).min(total))
-        }
-    };
+            ProbeKind::Nvml => {
+                let nvml = NvmlProbe::new().map_err(|e| UpError::Probe(e.to_string()))?;
+                let devices = nvml.snapshot().map_err(|e| UpError::Probe(e.to_string()))?;
+                let device = devices
+                    .iter()
+                    .find(|d| d.index == m.device)
+                    .ok_or_else(|| UpError::Probe(format!("no GPU with index {}", m.device)))?;
+                let total = device.total_bytes.saturating_sub(device.reserved_bytes);
+                (
+                    Arc::new(nvml),
+                    None,
+                    m.capacity.unwrap_or(total).min(total),
+                    total,
+                )
+            }
+        };
     let sampler = Sampler::start(
         Arc::clone(&probe),
         SamplerConfig::new(config.memory.sample_interval).with_ring_capacity(16_384),
@@ -371,6 +387,7 @@ fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError>
             kind: m.probe,
             device: m.device,
             capacity,
+            device_total,
             pool,
             sampler,
         },
@@ -446,13 +463,32 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
     let mut footprints = Vec::new();
     for b in ctx.config.audio() {
         let saved = previous.as_ref().and_then(|p| p.backends.get(&b.name));
-        let (group, m) = bring_up_audio(ctx, b, saved).await.map_err(|e| e.0)?;
-        started.push((b.clone(), group, Vec::new(), Vec::new()));
+        // An audio vLLM pre-allocates: its flags are planned from what the pool has left now.
+        let planned = match &b.audio_vllm {
+            Some(_) => Some(audio_vllm_flags(ctx, b, started, &footprints)?),
+            None => None,
+        };
+        let (args, env) = planned
+            .as_ref()
+            .map(|f| (f.args.clone(), f.env.clone()))
+            .unwrap_or_default();
+        let (group, m) = bring_up_audio(ctx, b, saved, &args, &env)
+            .await
+            .map_err(|e| e.0)?;
+        if let Some(f) = &planned {
+            let check = checked_against_plan(ctx, b, f, &group, m.resident, m.peak);
+            ctx.status.update(&b.name, |r| {
+                r.flags = shown_flags(f);
+                r.plan_check = Some(check);
+            });
+        }
+        started.push((b.clone(), group, args, env));
         lanes.push(LaneFigures {
             backend: b.name.clone(),
             per_job_bytes: m.peak.saturating_sub(m.resident),
             per_audio_second_bytes: None,
-            max_inflight: 1,
+            // An audio vLLM runs as many jobs at once as it has whole sequences.
+            max_inflight: planned.as_ref().map_or(1, |f| f.sequences),
         });
         footprints.push(AudioFootprint {
             name: b.name.clone(),
@@ -508,9 +544,8 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
             text_flags.expected.kv_tokens
         ));
         let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
-        let mut shown = text_flags.args.clone();
-        shown.extend(text_flags.env.iter().map(|(k, v)| format!("{k}={v}")));
-        ctx.status.update(&t.name, |r| r.flags = shown);
+        ctx.status
+            .update(&t.name, |r| r.flags = shown_flags(&text_flags));
         started.push((
             t.clone(),
             group,
@@ -568,8 +603,10 @@ async fn bring_up_audio(
     ctx: &Arc<Ctx>,
     b: &BackendConfig,
     saved: Option<&BackendCalibration>,
+    args: &[String],
+    env: &[(String, String)],
 ) -> Result<(Group, Measured), StartFailure> {
-    let mut group = start(ctx, b, &[], &[]).await.map_err(StartFailure)?;
+    let mut group = start(ctx, b, args, env).await.map_err(StartFailure)?;
     let result = measure_audio(ctx, b, &mut group, saved).await;
     match result {
         Ok(m) => Ok((group, m)),
@@ -817,6 +854,96 @@ async fn measure_audio(
     Ok(measured)
 }
 
+/// The flags as `/admin/box` shows them: the arguments, then the environment as `KEY=VALUE`.
+fn shown_flags(f: &TextFlags) -> Vec<String> {
+    let mut shown = f.args.clone();
+    shown.extend(f.env.iter().map(|(k, v)| format!("{k}={v}")));
+    shown
+}
+
+/// Plans an audio vLLM before it starts: `--max-model-len` from the longest audio, its sequences
+/// and pool share from what the pool has left after the audio backends already measured (their
+/// peaks) and the co-tenants seen so far, less the margin.
+fn audio_vllm_flags(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    started: &[Started],
+    footprints: &[AudioFootprint],
+) -> Result<TextFlags, UpError> {
+    let a = b.audio_vllm.as_ref().expect("called for audio vLLMs only");
+    let model = resolve_model(&ctx.config.dir, &a.model)?;
+    let env = headroom_inspect::resolve::Env::from_process();
+    let spec = headroom_inspect::resolve_model(&model, &env)
+        .map_err(|e| UpError::Model(e.to_string()))?
+        .spec;
+    let len = audio_vllm::audio_length(&spec, a).map_err(|e| match e {
+        UpError::Config { key, message } => UpError::Config {
+            key: format!("backends ({}).{key}", b.name),
+            message,
+        },
+        other => other,
+    })?;
+    let mut cotenants = CoTenants::default();
+    let trees: Vec<Vec<u32>> = started
+        .iter()
+        .map(|(_, g, _, _)| ctx.meter.tree(g.pid))
+        .collect();
+    cotenants.observe_samples(&ctx.meter.sampler.since(ctx.started_ms), |s| {
+        trees.iter().map(|t| ctx.meter.bytes_in(s, t)).sum()
+    });
+    let earlier = Budget::new(
+        ctx.meter.capacity,
+        footprints,
+        cotenants.max_bytes(),
+        ctx.config.memory.margin,
+    );
+    ctx.say(&format!(
+        "up: [{}] audio vLLM: {} s of audio at {} tokens/s (from the {}) = {} audio + {} transcript tokens: --max-model-len {}; the pool has {} left",
+        b.name,
+        len.max_audio_seconds,
+        len.tokens_per_second,
+        len.rate_from,
+        len.audio_tokens,
+        len.transcript_tokens,
+        len.max_model_len,
+        mib(earlier.text_bytes)
+    ));
+    let result = if ctx.meter.kind == ProbeKind::Nvml {
+        let pool = audio_vllm::GpuPool {
+            device_total: ctx.meter.device_total,
+            capacity: ctx.meter.capacity,
+            held: earlier.audio_peak_bytes + earlier.cotenant_bytes,
+            margin: earlier.margin_bytes,
+        };
+        audio_vllm::gpu_flags(&spec, a, &len, &pool)
+    } else {
+        audio_vllm::cpu_flags(&spec, a, &len, earlier.text_bytes)
+    };
+    let f = result.map_err(|e| {
+        UpError::DoesNotFit(format!(
+            "backend `{}`: {}",
+            b.name,
+            e.message_for("the audio vLLM")
+        ))
+    })?;
+    ctx.say(&format!(
+        "up: [{}] flags: {}{} ({} sequence(s) of {} tokens; the plan expects {}: {} weights, {} KV for {} tokens)",
+        b.name,
+        f.args.join(" "),
+        f.env
+            .iter()
+            .map(|(k, v)| format!(" {k}={v}"))
+            .collect::<String>(),
+        f.sequences,
+        f.context_per_sequence,
+        mib(f.expected.total_bytes),
+        mib(f.expected.weights_bytes),
+        mib(f.expected.kv_cache_bytes),
+        f.expected.kv_tokens
+    ));
+    Ok(f)
+}
+
 fn text_flags(
     ctx: &Ctx,
     t: &BackendConfig,
@@ -840,7 +967,7 @@ fn text_flags(
                 .map_err(|e| UpError::Model(e.to_string()))?
                 .spec;
             if gpu {
-                flags::vllm_gpu_flags(&spec, plan, budget, audio)
+                flags::vllm_gpu_flags(&spec, plan, budget, audio, ctx.meter.device_total)
             } else {
                 flags::vllm_cpu_flags(&spec, plan, budget.text_bytes)
             }
@@ -874,21 +1001,7 @@ async fn bring_up_text(
         .max()
         .unwrap_or(resident)
         .max(resident);
-    let check = plan_check(ctx, t, f, &group, resident);
-    for w in check["warnings"].as_array().into_iter().flatten() {
-        ctx.say(&format!(
-            "up: [{}] warning: {}",
-            t.name,
-            w.as_str().unwrap_or("")
-        ));
-    }
-    ctx.say(&format!(
-        "up: [{}] resident {} (planned {}), peak {}",
-        t.name,
-        mib(resident),
-        mib(f.expected.total_bytes),
-        mib(peak)
-    ));
+    let check = checked_against_plan(ctx, t, f, &group, resident, peak);
     ctx.status.update(&t.name, |r| {
         r.resident_bytes = resident;
         r.peak_bytes = peak;
@@ -905,6 +1018,33 @@ async fn bring_up_text(
             runs: 0,
         },
     ))
+}
+
+/// [`plan_check`], with its warnings and the measured-against-planned line logged.
+fn checked_against_plan(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    f: &TextFlags,
+    group: &Group,
+    resident: u64,
+    peak: u64,
+) -> serde_json::Value {
+    let check = plan_check(ctx, b, f, group, resident);
+    for w in check["warnings"].as_array().into_iter().flatten() {
+        ctx.say(&format!(
+            "up: [{}] warning: {}",
+            b.name,
+            w.as_str().unwrap_or("")
+        ));
+    }
+    ctx.say(&format!(
+        "up: [{}] resident {} (planned {}), peak {}",
+        b.name,
+        mib(resident),
+        mib(f.expected.total_bytes),
+        mib(peak)
+    ));
+    check
 }
 
 /// Compares the plan with what the engine's start-up log says (through doctor's reader) and
