@@ -33,9 +33,9 @@ pub const FALLBACK_HEADER: &str = "x-headroom-fallback";
 
 /// Shared state of one gateway.
 pub struct AppState {
-    /// Each lane's upstreams parsed once (by lane, then upstream index as the gate numbers them),
-    /// so a request copies a parsed URL instead of parsing and IDNA-checking the host again.
-    pub upstream_urls: Vec<Vec<Option<reqwest::Url>>>,
+    /// Each lane's upstreams (by lane, then upstream index as the gate numbers them), parsed
+    /// once, with their keep-alive pools; lanes that name the same upstream share one.
+    pub endpoints: Vec<Vec<Option<Arc<crate::upstream::Endpoint>>>>,
     pub config: ServeConfig,
     pub gate: Gate,
     pub client: reqwest::Client,
@@ -58,19 +58,9 @@ impl AppState {
         client: reqwest::Client,
         telemetry: Arc<Telemetry>,
     ) -> AppState {
-        let upstream_urls = config
-            .lanes
-            .iter()
-            .map(|l| {
-                l.spec
-                    .upstreams
-                    .iter()
-                    .map(|u| reqwest::Url::parse(u).ok())
-                    .collect()
-            })
-            .collect();
+        let endpoints = endpoints_of(&config);
         AppState {
-            upstream_urls,
+            endpoints,
             config,
             gate,
             client,
@@ -82,6 +72,25 @@ impl AppState {
             retries: Default::default(),
         }
     }
+}
+
+/// One [`Endpoint`](crate::upstream::Endpoint) per distinct upstream address, laid out by lane
+/// and upstream index; an address that does not parse has none (its requests answer 502).
+fn endpoints_of(config: &ServeConfig) -> Vec<Vec<Option<Arc<crate::upstream::Endpoint>>>> {
+    let mut seen: Vec<Arc<crate::upstream::Endpoint>> = Vec::new();
+    let mut endpoint = |u: &str| {
+        if let Some(e) = seen.iter().find(|e| e.address() == u) {
+            return Some(e.clone());
+        }
+        let e = Arc::new(crate::upstream::Endpoint::parse(u).ok()?);
+        seen.push(e.clone());
+        Some(e)
+    };
+    config
+        .lanes
+        .iter()
+        .map(|l| l.spec.upstreams.iter().map(|u| endpoint(u)).collect())
+        .collect()
 }
 
 pub(crate) type Shared = Arc<AppState>;

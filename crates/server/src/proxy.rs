@@ -16,6 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
 use crate::telemetry::Telemetry;
+use crate::upstream::UpstreamResponse;
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -132,11 +133,9 @@ impl Drop for Flight {
     }
 }
 
-type UpstreamBody = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
-
 /// The response body handed to the client: upstream bytes as they arrive.
 pub struct Passthrough {
-    inner: Option<UpstreamBody>,
+    inner: Option<UpstreamResponse>,
     flight: Flight,
     deadline: Pin<Box<Sleep>>,
     request_timeout: std::time::Duration,
@@ -175,7 +174,7 @@ pub fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
 
 impl Passthrough {
     pub fn new(
-        response: reqwest::Response,
+        response: UpstreamResponse,
         flight: Flight,
         deadline: Instant,
         request_timeout: std::time::Duration,
@@ -183,7 +182,7 @@ impl Passthrough {
     ) -> Passthrough {
         Passthrough {
             remaining: response.content_length(),
-            inner: Some(Box::pin(response.bytes_stream())),
+            inner: Some(response),
             flight,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             request_timeout,
@@ -234,7 +233,7 @@ impl Stream for Passthrough {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match inner.as_mut().poll_next(cx) {
+        match inner.poll_chunk(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
                 if this.first {
                     this.first = false;
@@ -284,63 +283,6 @@ impl Stream for Passthrough {
             return this.end_with(e, "preempted");
         }
         Poll::Pending
-    }
-}
-
-/// Whether a failed upstream send proves the request never reached the upstream: the pooled
-/// connection was closed or reset under it before any response byte came back (not a failure to
-/// connect, not a timeout). An engine that closes a keep-alive connection right after a stream
-/// (llama.cpp does) leaves such a connection in the pool; the next request written into it
-/// within microseconds is never read by the engine.
-pub fn never_reached_upstream(e: &reqwest::Error) -> bool {
-    if e.is_connect() || e.is_timeout() || e.status().is_some() {
-        return false;
-    }
-    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            )
-        {
-            return true;
-        }
-        if s.to_string()
-            .contains("connection closed before message completed")
-        {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
-/// Resends made for one request when pooled connections turn out stale (each one is a request
-/// the upstream never saw, so resending cannot run it twice).
-pub const MAX_STALE_RESENDS: usize = 2;
-
-/// Sends `request`; when it meets a stale pooled connection ([`never_reached_upstream`]), sends
-/// it again (its body is in memory, so it can be cloned), at most [`MAX_STALE_RESENDS`] times.
-pub async fn send_resending_stale(
-    request: reqwest::RequestBuilder,
-) -> Result<reqwest::Response, reqwest::Error> {
-    let mut next = request;
-    let mut resends = 0;
-    loop {
-        let again = next.try_clone();
-        match next.send().await {
-            Err(e) if resends < MAX_STALE_RESENDS && never_reached_upstream(&e) => {
-                match again {
-                    Some(a) => next = a,
-                    None => return Err(e),
-                }
-                resends += 1;
-            }
-            other => return other,
-        }
     }
 }
 
