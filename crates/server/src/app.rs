@@ -145,12 +145,7 @@ pub fn router(state: Shared) -> Router {
             )
             .closing()
         })
-        .layer(middleware::from_fn_with_state(state.clone(), guard))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            overload_status,
-        ))
-        .layer(middleware::from_fn_with_state(state.clone(), load_header))
+        .layer(middleware::from_fn_with_state(state.clone(), edge))
         .with_state(state)
 }
 
@@ -168,20 +163,35 @@ pub fn key_matches(presented: &[u8], keys: &[String]) -> bool {
     any == 1
 }
 
-async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
+/// The one middleware around every route (one layer, so a request pays for one boxed future
+/// and one service clone, not three): header-size and key checks, then the route, then the
+/// overload status and the load header on whatever response came out.
+async fn edge(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let response = match refused_at_edge(&s, &req) {
+        Some(refusal) => refusal,
+        None => next.run(req).await,
+    };
+    let response = overload_status(&s, response);
+    load_header(&s, response)
+}
+
+/// The header-size and API-key checks: the refusal, or `None` when the request may pass.
+fn refused_at_edge(s: &AppState, req: &Request) -> Option<Response> {
     let header_bytes: usize = req
         .headers()
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
     if header_bytes > s.config.max_header_bytes {
-        return ApiError::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
-            format!("request headers exceed {} bytes", s.config.max_header_bytes),
-        )
-        .closing()
-        .into_response();
+        return Some(
+            ApiError::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                format!("request headers exceed {} bytes", s.config.max_header_bytes),
+            )
+            .closing()
+            .into_response(),
+        );
     }
     let open = matches!(req.uri().path(), "/healthz" | "/readyz");
     if !open && !s.config.api_keys.is_empty() {
@@ -195,19 +205,21 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
         let ok = presented.is_some_and(|p| key_matches(p.as_bytes(), &s.config.api_keys))
             || (page && crate::ui::basic_key_matches(req.headers(), &s.config.api_keys));
         if !ok && page {
-            return crate::ui::ask_for_key();
+            return Some(crate::ui::ask_for_key());
         }
         if !ok {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_api_key",
-                "a valid API key is required (Authorization: Bearer KEY)",
-            )
-            .closing()
-            .into_response();
+            return Some(
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_api_key",
+                    "a valid API key is required (Authorization: Bearer KEY)",
+                )
+                .closing()
+                .into_response(),
+            );
         }
     }
-    next.run(req).await
+    None
 }
 
 /// The rule-based cleanup answer given instead of the LLM's when a lane's policy falls back.
@@ -448,8 +460,7 @@ async fn admin_load(State(s): State<Shared>) -> Response {
 
 /// Answers lane-full refusals with `[balancer] overload_status` (503 for a balancer that
 /// retries 503 on another box but not 429); every other response passes unchanged.
-async fn overload_status(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
+fn overload_status(s: &AppState, response: Response) -> Response {
     let wanted = s.config.balancer.overload_status;
     if response.status() == wanted {
         return response;
@@ -461,8 +472,7 @@ async fn overload_status(State(s): State<Shared>, req: Request, next: Next) -> R
 }
 
 /// Adds the ORCA load report to every response when `[balancer] load_header` is on.
-async fn load_header(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let mut response = next.run(req).await;
+fn load_header(s: &AppState, mut response: Response) -> Response {
     if s.config.balancer.load_header
         && let Ok(v) = HeaderValue::from_str(&s.balancer.get().orca_value())
     {

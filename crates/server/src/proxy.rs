@@ -44,39 +44,39 @@ fn connection_listed(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
+/// Removes the hop-by-hop headers, those the `Connection` header lists, and those `drop` names,
+/// in place (no second map is built).
+fn strip(headers: &mut HeaderMap, drop: impl Fn(&str) -> bool) {
+    let listed = connection_listed(headers);
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let n = name.as_str();
+            HOP_BY_HOP.contains(&n) || listed.iter().any(|l| l == n) || drop(n)
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
+}
+
 /// Headers to send upstream: no hop-by-hop headers, no host or length, no gateway headers, and no
 /// client Authorization when the gateway itself checked it.
-pub fn upstream_request_headers(incoming: &HeaderMap, drop_authorization: bool) -> HeaderMap {
-    let listed = connection_listed(incoming);
-    let mut out = HeaderMap::new();
-    for (name, value) in incoming {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || listed.iter().any(|l| l == n)
-            || n == "host"
+pub fn upstream_request_headers(mut incoming: HeaderMap, drop_authorization: bool) -> HeaderMap {
+    strip(&mut incoming, |n| {
+        n == "host"
             || n == "content-length"
             || n.starts_with("x-headroom-")
             || (drop_authorization && n == "authorization")
-        {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
-    }
-    out
+    });
+    incoming
 }
 
 /// Headers to send back to the client from an upstream response.
-pub fn client_response_headers(upstream: &HeaderMap) -> HeaderMap {
-    let listed = connection_listed(upstream);
-    let mut out = HeaderMap::new();
-    for (name, value) in upstream {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || listed.iter().any(|l| l == n) || n == "content-length" {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
-    }
-    out
+pub fn client_response_headers(mut upstream: HeaderMap) -> HeaderMap {
+    strip(&mut upstream, |n| n == "content-length");
+    upstream
 }
 
 /// One admitted request's bookkeeping: outcome counted and permit released exactly once, on
@@ -333,12 +333,13 @@ mod tests {
         ] {
             h.append(k, HeaderValue::from_static(v));
         }
-        let out = upstream_request_headers(&h, true);
-        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        let out = upstream_request_headers(h.clone(), true);
+        let mut names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
         assert_eq!(names, vec!["content-type", "openai-organization"]);
-        let with_auth = upstream_request_headers(&h, false);
+        let with_auth = upstream_request_headers(h.clone(), false);
         assert!(with_auth.contains_key("authorization"));
-        let back = client_response_headers(&h);
+        let back = client_response_headers(h);
         assert!(!back.contains_key("transfer-encoding") && !back.contains_key("x-secret"));
         assert!(back.contains_key("content-type"));
     }

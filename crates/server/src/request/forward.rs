@@ -21,7 +21,7 @@ pub(super) fn outgoing<'a>(
     lane: Lane<'_>,
     route: Route,
     uri: &'a Uri,
-    incoming: &HeaderMap,
+    incoming: HeaderMap,
     body: Bytes,
 ) -> Outgoing<'a> {
     let mut headers = upstream_request_headers(

@@ -21,7 +21,7 @@ const MAX_UPSTREAM_ERROR_BYTES: usize = 64 * 1024;
 /// Builds the client's response from the upstream's.
 pub(super) async fn respond(
     lane: Lane<'_>,
-    response: UpstreamResponse,
+    mut response: UpstreamResponse,
     mut flight: Flight,
     deadline: Deadline,
     queue_wait: std::time::Duration,
@@ -33,13 +33,14 @@ pub(super) async fn respond(
         flight.finish("upstream_error");
         return Err(from_upstream(status, &body));
     }
-    let mut out_headers = client_response_headers(response.headers());
     let sse = is_event_stream(response.headers());
+    let length = response.headers().get(header::CONTENT_LENGTH).cloned();
+    let mut out_headers = client_response_headers(response.take_headers());
     // Keep the upstream's length so the client gets the body as sent rather than re-chunked
     // (one write instead of a chunk and a terminator). Not for SSE: a stream cut short by the
     // deadline or a preemption ends with an extra error event of its own.
-    if !sse && let Some(len) = response.headers().get(header::CONTENT_LENGTH) {
-        out_headers.insert(header::CONTENT_LENGTH, len.clone());
+    if !sse && let Some(len) = length {
+        out_headers.insert(header::CONTENT_LENGTH, len);
     }
     out_headers.insert(
         hname("x-headroom-lane"),

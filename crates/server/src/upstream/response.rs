@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::http::{HeaderMap, Request, StatusCode};
 use bytes::Bytes;
 use futures_util::Stream;
 use http_body_util::Full;
@@ -72,12 +72,15 @@ impl UpstreamResponse {
         &self.headers
     }
 
-    /// The body length the upstream declared, if any.
+    /// Moves the response headers out (they are left empty).
+    pub fn take_headers(&mut self) -> HeaderMap {
+        std::mem::take(&mut self.headers)
+    }
+
+    /// The body length the upstream declared, if any (read from the body, so it holds after
+    /// [`UpstreamResponse::take_headers`]).
     pub fn content_length(&self) -> Option<u64> {
-        self.headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
+        self.body.size_hint().exact()
     }
 
     /// The next body chunk; `None` at the end.
