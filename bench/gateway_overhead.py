@@ -165,6 +165,7 @@ def main() -> None:
         for p in (hr, *servers):
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=20)
+        shutil.rmtree(prefix, ignore_errors=True)
     report(args, rounds)
 
 
