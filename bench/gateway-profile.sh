@@ -19,8 +19,8 @@ import pathlib, sys
 sys.path.insert(0, "bench")
 import gateway_overhead as g
 d, up, proxy, gw = sys.argv[1], *map(int, sys.argv[2:])
-pathlib.Path(d, "nginx.conf").write_text(g.NGINX.format(prefix=d, upstream=up, proxy=proxy, answer=g.ANSWER))
-pathlib.Path(d, "headroom.toml").write_text(g.HEADROOM.format(port=gw, upstream=up))
+pathlib.Path(d, "nginx.conf").write_text(g.NGINX.format(prefix=d, upstream=up, proxy=proxy, answer=g.ANSWER))  # the upstream only
+pathlib.Path(d, "headroom.toml").write_text(g.HEADROOM.format(port=gw, upstream=up, threads=""))
 pathlib.Path(d, "body.lua").write_text(
     'wrk.method = "POST"\nwrk.body = [[' + g.BODY + ']]\nwrk.headers["content-type"] = "application/json"\n')
 PY

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What does a gateway add? One fast local upstream (nginx answering a fixed chat completion),
-loaded with oha three ways: straight to it, through nginx as a reverse proxy, and through
-`headroom serve` with one lane. At a fixed rate it reports latency p50/p99 and what each proxy
+loaded with oha three ways: straight to it, through nginx as a reverse proxy (a second nginx
+process with one worker, keep-alive to the upstream), and through `headroom serve` with one lane
+(one worker thread, its default). At a fixed rate it reports latency p50/p99 and what each proxy
 adds over the direct path; at full speed the requests per second each sustains; then the ratio
 headroom / nginx. Each round measures the three paths one after another (so a busier moment of the
 box falls on all three alike); the table shows the median over the rounds. Then the targets:
@@ -32,7 +33,7 @@ ANSWER = ('{"id":"chatcmpl-1","object":"chat.completion","created":0,"model":"m"
           '"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}],'
           '"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
 
-NGINX = """
+NGINX_HEAD = """
 worker_processes 1;
 daemon off;
 pid {prefix}/nginx.pid;
@@ -45,11 +46,22 @@ http {{
   fastcgi_temp_path {prefix}/fastcgi;
   uwsgi_temp_path {prefix}/uwsgi;
   scgi_temp_path {prefix}/scgi;
-  upstream fast {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+"""
+
+# The upstream: one nginx answering a fixed chat completion.
+NGINX = NGINX_HEAD + """
   server {{
     listen 127.0.0.1:{upstream};
     location / {{ default_type application/json; return 200 '{answer}'; }}
   }}
+}}
+"""
+
+# The reference proxy: a second nginx process, as a gateway is one in front of an engine. (Were
+# it a server block of the upstream's own nginx, proxy and upstream would share one event loop
+# and a proxied request would skip the wake-up of a second process that any real proxy pays.)
+NGINX_PROXY = NGINX_HEAD + """
+  upstream fast {{ server 127.0.0.1:{upstream}; keepalive 64; }}
   server {{
     listen 127.0.0.1:{proxy};
     location / {{ proxy_pass http://fast; proxy_http_version 1.1; proxy_set_header Connection ""; }}
@@ -59,6 +71,7 @@ http {{
 
 HEADROOM = """
 listen = "127.0.0.1:{port}"
+{threads}
 [[lanes]]
 name = "text"
 paths = ["/v1/chat/completions", "/v1/completions"]
@@ -113,6 +126,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32, help="connections at full speed")
     ap.add_argument("--port-base", type=int, help="use this port and the next two (default: free ports)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of all three paths (median reported)")
+    ap.add_argument("--worker-threads", type=int, help="headroom's worker_threads (default: its own)")
     args = ap.parse_args()
 
     prefix = tempfile.mkdtemp(prefix="headroom-overhead-")
@@ -121,11 +135,18 @@ def main() -> None:
         upstream, proxy, gateway = args.port_base, args.port_base + 1, args.port_base + 2
     else:
         upstream, proxy, gateway = free_port(), free_port(), free_port()
-    conf = pathlib.Path(prefix) / "nginx.conf"
-    conf.write_text(NGINX.format(prefix=prefix, upstream=upstream, proxy=proxy, answer=ANSWER))
+    nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
+    servers = []
+    for name, text in (("upstream", NGINX), ("proxy", NGINX_PROXY)):
+        d = pathlib.Path(prefix) / name
+        d.mkdir()
+        os.chmod(d, 0o755)
+        conf = d / "nginx.conf"
+        conf.write_text(text.format(prefix=d, upstream=upstream, proxy=proxy, answer=ANSWER))
+        servers.append(subprocess.Popen([nginx_bin, "-c", str(conf), "-p", str(d)]))
     cfg = pathlib.Path(prefix) / "headroom.toml"
-    cfg.write_text(HEADROOM.format(port=gateway, upstream=upstream))
-    nginx = subprocess.Popen([shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-p", prefix])
+    threads = f"worker_threads = {args.worker_threads}" if args.worker_threads else ""
+    cfg.write_text(HEADROOM.format(port=gateway, upstream=upstream, threads=threads))
     hr = subprocess.Popen([args.headroom, "serve", "--config", str(cfg)])
     try:
         targets = {
@@ -141,9 +162,10 @@ def main() -> None:
             full = {k: oha(u, args.seconds, args.concurrency, None) for k, u in targets.items()}
             rounds.append((fixed, full))
     finally:
-        for p in (hr, nginx):
+        for p in (hr, *servers):
             p.send_signal(signal.SIGTERM)
             p.wait(timeout=20)
+        shutil.rmtree(prefix, ignore_errors=True)
     report(args, rounds)
 
 

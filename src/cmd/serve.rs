@@ -104,6 +104,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

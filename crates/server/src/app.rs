@@ -33,9 +33,9 @@ pub const FALLBACK_HEADER: &str = "x-headroom-fallback";
 
 /// Shared state of one gateway.
 pub struct AppState {
-    /// Each lane's upstreams parsed once (by lane, then upstream index as the gate numbers them),
-    /// so a request copies a parsed URL instead of parsing and IDNA-checking the host again.
-    pub upstream_urls: Vec<Vec<Option<reqwest::Url>>>,
+    /// Each lane's upstreams (by lane, then upstream index as the gate numbers them), parsed
+    /// once, with their keep-alive pools; lanes that name the same upstream share one.
+    pub endpoints: Vec<Vec<Option<Arc<crate::upstream::Endpoint>>>>,
     pub config: ServeConfig,
     pub gate: Gate,
     pub client: reqwest::Client,
@@ -58,19 +58,9 @@ impl AppState {
         client: reqwest::Client,
         telemetry: Arc<Telemetry>,
     ) -> AppState {
-        let upstream_urls = config
-            .lanes
-            .iter()
-            .map(|l| {
-                l.spec
-                    .upstreams
-                    .iter()
-                    .map(|u| reqwest::Url::parse(u).ok())
-                    .collect()
-            })
-            .collect();
+        let endpoints = endpoints_of(&config);
         AppState {
-            upstream_urls,
+            endpoints,
             config,
             gate,
             client,
@@ -82,6 +72,25 @@ impl AppState {
             retries: Default::default(),
         }
     }
+}
+
+/// One [`Endpoint`](crate::upstream::Endpoint) per distinct upstream address, laid out by lane
+/// and upstream index; an address that does not parse has none (its requests answer 502).
+fn endpoints_of(config: &ServeConfig) -> Vec<Vec<Option<Arc<crate::upstream::Endpoint>>>> {
+    let mut seen: Vec<Arc<crate::upstream::Endpoint>> = Vec::new();
+    let mut endpoint = |u: &str| {
+        if let Some(e) = seen.iter().find(|e| e.address() == u) {
+            return Some(e.clone());
+        }
+        let e = Arc::new(crate::upstream::Endpoint::parse(u).ok()?);
+        seen.push(e.clone());
+        Some(e)
+    };
+    config
+        .lanes
+        .iter()
+        .map(|l| l.spec.upstreams.iter().map(|u| endpoint(u)).collect())
+        .collect()
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -136,12 +145,7 @@ pub fn router(state: Shared) -> Router {
             )
             .closing()
         })
-        .layer(middleware::from_fn_with_state(state.clone(), guard))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            overload_status,
-        ))
-        .layer(middleware::from_fn_with_state(state.clone(), load_header))
+        .layer(middleware::from_fn_with_state(state.clone(), edge))
         .with_state(state)
 }
 
@@ -159,20 +163,35 @@ pub fn key_matches(presented: &[u8], keys: &[String]) -> bool {
     any == 1
 }
 
-async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
+/// The one middleware around every route (one layer, so a request pays for one boxed future
+/// and one service clone, not three): header-size and key checks, then the route, then the
+/// overload status and the load header on whatever response came out.
+async fn edge(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let response = match refused_at_edge(&s, &req) {
+        Some(refusal) => refusal,
+        None => next.run(req).await,
+    };
+    let response = overload_status(&s, response);
+    load_header(&s, response)
+}
+
+/// The header-size and API-key checks: the refusal, or `None` when the request may pass.
+fn refused_at_edge(s: &AppState, req: &Request) -> Option<Response> {
     let header_bytes: usize = req
         .headers()
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum();
     if header_bytes > s.config.max_header_bytes {
-        return ApiError::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "headers_too_large",
-            format!("request headers exceed {} bytes", s.config.max_header_bytes),
-        )
-        .closing()
-        .into_response();
+        return Some(
+            ApiError::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                format!("request headers exceed {} bytes", s.config.max_header_bytes),
+            )
+            .closing()
+            .into_response(),
+        );
     }
     let open = matches!(req.uri().path(), "/healthz" | "/readyz");
     if !open && !s.config.api_keys.is_empty() {
@@ -186,19 +205,21 @@ async fn guard(State(s): State<Shared>, req: Request, next: Next) -> Response {
         let ok = presented.is_some_and(|p| key_matches(p.as_bytes(), &s.config.api_keys))
             || (page && crate::ui::basic_key_matches(req.headers(), &s.config.api_keys));
         if !ok && page {
-            return crate::ui::ask_for_key();
+            return Some(crate::ui::ask_for_key());
         }
         if !ok {
-            return ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "invalid_api_key",
-                "a valid API key is required (Authorization: Bearer KEY)",
-            )
-            .closing()
-            .into_response();
+            return Some(
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_api_key",
+                    "a valid API key is required (Authorization: Bearer KEY)",
+                )
+                .closing()
+                .into_response(),
+            );
         }
     }
-    next.run(req).await
+    None
 }
 
 /// The rule-based cleanup answer given instead of the LLM's when a lane's policy falls back.
@@ -439,8 +460,7 @@ async fn admin_load(State(s): State<Shared>) -> Response {
 
 /// Answers lane-full refusals with `[balancer] overload_status` (503 for a balancer that
 /// retries 503 on another box but not 429); every other response passes unchanged.
-async fn overload_status(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let response = next.run(req).await;
+fn overload_status(s: &AppState, response: Response) -> Response {
     let wanted = s.config.balancer.overload_status;
     if response.status() == wanted {
         return response;
@@ -452,8 +472,7 @@ async fn overload_status(State(s): State<Shared>, req: Request, next: Next) -> R
 }
 
 /// Adds the ORCA load report to every response when `[balancer] load_header` is on.
-async fn load_header(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let mut response = next.run(req).await;
+fn load_header(s: &AppState, mut response: Response) -> Response {
     if s.config.balancer.load_header
         && let Ok(v) = HeaderValue::from_str(&s.balancer.get().orca_value())
     {

@@ -177,6 +177,8 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     pub max_header_bytes: usize,
     pub scrape_interval: Duration,
+    /// Threads that run the gateway's request handling (`headroom serve`'s async runtime).
+    pub worker_threads: usize,
     /// The `[memory]` table (defaults: NVML device 0, no capacity cap, no margin).
     pub memory: MemoryConfig,
     /// The `[balancer]` table: signals for a load balancer in front of several boxes.
@@ -198,6 +200,7 @@ struct RawConfig {
     shutdown_grace: Option<String>,
     max_header_bytes: Option<toml::Value>,
     scrape_interval: Option<String>,
+    worker_threads: Option<i64>,
     memory: Option<MemoryTable>,
     balancer: Option<crate::balancer::BalancerTable>,
     #[serde(default)]
@@ -480,6 +483,11 @@ impl ServeConfig {
                 .ok_or_else(|| key_err("max_header_bytes", "must be a size of at least 1KiB"))?
                 as usize,
         };
+        let worker_threads = match raw.worker_threads {
+            None => 1,
+            Some(n) if (1..=1024).contains(&n) => n as usize,
+            Some(_) => return Err(key_err("worker_threads", "must be between 1 and 1024")),
+        };
         if raw.lanes.is_empty() {
             return Err(key_err("lanes", "at least one [[lanes]] table is required"));
         }
@@ -497,6 +505,7 @@ impl ServeConfig {
             shutdown_grace,
             max_header_bytes,
             scrape_interval,
+            worker_threads,
             memory,
             balancer,
             lanes,
@@ -837,6 +846,10 @@ shutdown_grace = "30s"
 max_header_bytes = "16KiB"
 # How often engine /metrics are read.
 scrape_interval = "1s"
+# Threads handling requests. One serves tens of thousands of proxied requests a second (far more
+# than the engines behind it answer) and, like an nginx worker, keeps each request on one core
+# with no hand-off between threads; tokenizer counts run on a separate blocking pool.
+worker_threads = 1
 
 # The memory pool lanes with gpu_memory_* admit on (the same table as in `headroom up`'s box
 # file). A job is admitted only while free memory, less what admitted jobs have reserved and the
@@ -972,6 +985,7 @@ policy = "queue"
             "shutdown_grace",
             "max_header_bytes",
             "scrape_interval",
+            "worker_threads",
             "probe",
             "device",
             "capacity",

@@ -20,6 +20,7 @@ pub mod scrape;
 pub mod telemetry;
 pub mod tokens;
 pub mod ui;
+pub mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -16,6 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
 use crate::telemetry::Telemetry;
+use crate::upstream::UpstreamResponse;
 
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -43,39 +44,39 @@ fn connection_listed(headers: &HeaderMap) -> Vec<String> {
         .collect()
 }
 
+/// Removes the hop-by-hop headers, those the `Connection` header lists, and those `drop` names,
+/// in place (no second map is built).
+fn strip(headers: &mut HeaderMap, drop: impl Fn(&str) -> bool) {
+    let listed = connection_listed(headers);
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let n = name.as_str();
+            HOP_BY_HOP.contains(&n) || listed.iter().any(|l| l == n) || drop(n)
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
+}
+
 /// Headers to send upstream: no hop-by-hop headers, no host or length, no gateway headers, and no
 /// client Authorization when the gateway itself checked it.
-pub fn upstream_request_headers(incoming: &HeaderMap, drop_authorization: bool) -> HeaderMap {
-    let listed = connection_listed(incoming);
-    let mut out = HeaderMap::new();
-    for (name, value) in incoming {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n)
-            || listed.iter().any(|l| l == n)
-            || n == "host"
+pub fn upstream_request_headers(mut incoming: HeaderMap, drop_authorization: bool) -> HeaderMap {
+    strip(&mut incoming, |n| {
+        n == "host"
             || n == "content-length"
             || n.starts_with("x-headroom-")
             || (drop_authorization && n == "authorization")
-        {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
-    }
-    out
+    });
+    incoming
 }
 
 /// Headers to send back to the client from an upstream response.
-pub fn client_response_headers(upstream: &HeaderMap) -> HeaderMap {
-    let listed = connection_listed(upstream);
-    let mut out = HeaderMap::new();
-    for (name, value) in upstream {
-        let n = name.as_str();
-        if HOP_BY_HOP.contains(&n) || listed.iter().any(|l| l == n) || n == "content-length" {
-            continue;
-        }
-        out.append(name.clone(), value.clone());
-    }
-    out
+pub fn client_response_headers(mut upstream: HeaderMap) -> HeaderMap {
+    strip(&mut upstream, |n| n == "content-length");
+    upstream
 }
 
 /// One admitted request's bookkeeping: outcome counted and permit released exactly once, on
@@ -132,11 +133,9 @@ impl Drop for Flight {
     }
 }
 
-type UpstreamBody = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
-
 /// The response body handed to the client: upstream bytes as they arrive.
 pub struct Passthrough {
-    inner: Option<UpstreamBody>,
+    inner: Option<UpstreamResponse>,
     flight: Flight,
     deadline: Pin<Box<Sleep>>,
     request_timeout: std::time::Duration,
@@ -175,7 +174,7 @@ pub fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
 
 impl Passthrough {
     pub fn new(
-        response: reqwest::Response,
+        response: UpstreamResponse,
         flight: Flight,
         deadline: Instant,
         request_timeout: std::time::Duration,
@@ -183,7 +182,7 @@ impl Passthrough {
     ) -> Passthrough {
         Passthrough {
             remaining: response.content_length(),
-            inner: Some(Box::pin(response.bytes_stream())),
+            inner: Some(response),
             flight,
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             request_timeout,
@@ -234,7 +233,7 @@ impl Stream for Passthrough {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match inner.as_mut().poll_next(cx) {
+        match inner.poll_chunk(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
                 if this.first {
                     this.first = false;
@@ -287,63 +286,6 @@ impl Stream for Passthrough {
     }
 }
 
-/// Whether a failed upstream send proves the request never reached the upstream: the pooled
-/// connection was closed or reset under it before any response byte came back (not a failure to
-/// connect, not a timeout). An engine that closes a keep-alive connection right after a stream
-/// (llama.cpp does) leaves such a connection in the pool; the next request written into it
-/// within microseconds is never read by the engine.
-pub fn never_reached_upstream(e: &reqwest::Error) -> bool {
-    if e.is_connect() || e.is_timeout() || e.status().is_some() {
-        return false;
-    }
-    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            )
-        {
-            return true;
-        }
-        if s.to_string()
-            .contains("connection closed before message completed")
-        {
-            return true;
-        }
-        source = s.source();
-    }
-    false
-}
-
-/// Resends made for one request when pooled connections turn out stale (each one is a request
-/// the upstream never saw, so resending cannot run it twice).
-pub const MAX_STALE_RESENDS: usize = 2;
-
-/// Sends `request`; when it meets a stale pooled connection ([`never_reached_upstream`]), sends
-/// it again (its body is in memory, so it can be cloned), at most [`MAX_STALE_RESENDS`] times.
-pub async fn send_resending_stale(
-    request: reqwest::RequestBuilder,
-) -> Result<reqwest::Response, reqwest::Error> {
-    let mut next = request;
-    let mut resends = 0;
-    loop {
-        let again = next.try_clone();
-        match next.send().await {
-            Err(e) if resends < MAX_STALE_RESENDS && never_reached_upstream(&e) => {
-                match again {
-                    Some(a) => next = a,
-                    None => return Err(e),
-                }
-                resends += 1;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// Whether a response is an SSE stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
@@ -391,12 +333,13 @@ mod tests {
         ] {
             h.append(k, HeaderValue::from_static(v));
         }
-        let out = upstream_request_headers(&h, true);
-        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        let out = upstream_request_headers(h.clone(), true);
+        let mut names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
         assert_eq!(names, vec!["content-type", "openai-organization"]);
-        let with_auth = upstream_request_headers(&h, false);
+        let with_auth = upstream_request_headers(h.clone(), false);
         assert!(with_auth.contains_key("authorization"));
-        let back = client_response_headers(&h);
+        let back = client_response_headers(h);
         assert!(!back.contains_key("transfer-encoding") && !back.contains_key("x-secret"));
         assert!(back.contains_key("content-type"));
     }

@@ -1,7 +1,9 @@
-//! Forwarding: the upstream URL (the permit's upstream, the route, the client's query), the
-//! headers that cross the gateway (plus the lane's own upstream key), and the send itself.
+//! Forwarding: the permit's upstream, the headers that cross the gateway (plus the lane's own
+//! upstream key), the send itself, and what a failed send means for the upstream's health.
 
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use bytes::Bytes;
 
 use super::{Lane, Route};
@@ -9,72 +11,65 @@ use headroom_gate::Permit;
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::proxy::{Flight, never_reached_upstream, upstream_request_headers};
+use crate::proxy::{Flight, upstream_request_headers};
+use crate::upstream::{self, Endpoint, Outgoing, UpstreamError, UpstreamResponse};
 
-/// The URL on the permit's upstream for this route and query: the lane's parsed base with the
-/// route's path and the client's query, or (for a base that did not parse) the joined text.
-pub(super) fn url(
+/// The request as it goes upstream: the route's path with the client's query, the headers
+/// that cross the gateway (the lane's own key replacing the client's), and the body.
+pub(super) fn outgoing<'a>(
     s: &AppState,
     lane: Lane<'_>,
-    permit: &Permit,
     route: Route,
-    uri: &Uri,
-) -> Target {
-    let parsed = s
-        .upstream_urls
-        .get(lane.index)
-        .and_then(|l| l.get(permit.upstream_index()))
-        .and_then(Option::as_ref);
-    match parsed {
-        Some(base) if base.path() == "/" => {
-            let mut u = base.clone();
-            u.set_path(route.path());
-            u.set_query(uri.query());
-            Target::Parsed(u)
-        }
-        _ => Target::Text(format!(
-            "{}{}{}",
-            permit.upstream(),
-            route.path(),
-            uri.query().map(|q| format!("?{q}")).unwrap_or_default()
-        )),
-    }
-}
-
-/// Where a request goes: a parsed URL, or text the client parses (and reports if it cannot).
-pub(super) enum Target {
-    Parsed(reqwest::Url),
-    Text(String),
-}
-
-/// Sends the request upstream; resolves when the response head arrives.
-pub(super) fn send(
-    s: &AppState,
-    lane: Lane<'_>,
-    incoming: &HeaderMap,
-    url: Target,
+    uri: &'a Uri,
+    incoming: HeaderMap,
     body: Bytes,
-) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+) -> Outgoing<'a> {
     let mut headers = upstream_request_headers(
         incoming,
         !s.config.api_keys.is_empty() || lane.config.upstream_api_key.is_some(),
     );
-    if let Some(key) = &lane.config.upstream_api_key
-        && let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}"))
+    if let Some(v) = lane
+        .config
+        .upstream_api_key
+        .as_deref()
+        .and_then(upstream::bearer)
     {
         headers.insert(header::AUTHORIZATION, v);
     }
-    let request = match url {
-        Target::Parsed(u) => s.client.request(Method::POST, u),
-        Target::Text(t) => s.client.request(Method::POST, t),
-    };
-    crate::proxy::send_resending_stale(request.headers(headers).body(body))
+    Outgoing {
+        path: route.path(),
+        query: uri.query(),
+        headers,
+        body,
+    }
+}
+
+/// The upstream the permit names (parsed once when the gateway started).
+pub(super) fn endpoint(
+    s: &AppState,
+    lane: Lane<'_>,
+    permit: &Permit,
+) -> Result<Arc<Endpoint>, UpstreamError> {
+    s.endpoints
+        .get(lane.index)
+        .and_then(|l| l.get(permit.upstream_index()))
+        .cloned()
+        .flatten()
+        .ok_or_else(|| UpstreamError::BadAddress(permit.upstream().to_string()))
+}
+
+/// Sends the request upstream; resolves when the response head arrives.
+pub(super) async fn send(
+    endpoint: Result<Arc<Endpoint>, UpstreamError>,
+    outgoing: &Outgoing<'_>,
+) -> Result<UpstreamResponse, UpstreamError> {
+    upstream::send(&endpoint?, outgoing).await
 }
 
 /// What one attempt to reach the upstream came to.
 pub(super) enum Attempt {
     /// A response head arrived (any status).
-    Answered(reqwest::Response),
+    Answered(UpstreamResponse),
     /// The request never reached the upstream and another upstream of the lane takes it.
     Rerouted,
 }
@@ -84,7 +79,7 @@ pub(super) enum Attempt {
 /// Every outcome feeds the upstream's passive health: a 5xx or an unreachable upstream counts
 /// as a failure, any other answer as a success.
 pub(super) fn received(
-    sent: reqwest::Result<reqwest::Response>,
+    sent: Result<UpstreamResponse, UpstreamError>,
     flight: &mut Flight,
 ) -> Result<Attempt, ApiError> {
     match sent {
@@ -95,8 +90,9 @@ pub(super) fn received(
             Ok(Attempt::Answered(response))
         }
         Err(e) => {
-            let never_reached = e.is_connect() || never_reached_upstream(&e);
-            if never_reached && let Some(p) = flight.permit_mut() {
+            if e.never_reached()
+                && let Some(p) = flight.permit_mut()
+            {
                 if p.reroute().is_some() {
                     return Ok(Attempt::Rerouted);
                 }

@@ -121,18 +121,19 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     };
     let mut preempted = preempt::arm(&permit);
     let queue_wait = permit.queue_wait();
-    let mut url = forward::url(&s, lane, &permit, route, &parts.uri);
+    let mut endpoint = forward::endpoint(&s, lane, &permit);
+    let outgoing = forward::outgoing(&s, lane, route, &parts.uri, parts.headers, forward_body);
     let mut flight = Flight::new(s.telemetry.clone(), arrival, permit);
     let response = loop {
-        let send = forward::send(&s, lane, &parts.headers, url, forward_body.clone());
+        let send = forward::send(endpoint, &outgoing);
         let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
         match forward::received(sent, &mut flight)? {
             forward::Attempt::Answered(response) => break response,
             forward::Attempt::Rerouted => {
                 // A reroute keeps the permit (it moved to another upstream).
-                url = match flight.permit_mut() {
-                    Some(p) => forward::url(&s, lane, p, route, &parts.uri),
-                    None => forward::Target::Text(String::new()),
+                endpoint = match flight.permit_mut() {
+                    Some(p) => forward::endpoint(&s, lane, p),
+                    None => Err(crate::upstream::UpstreamError::BadAddress(String::new())),
                 };
             }
         }

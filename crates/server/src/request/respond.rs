@@ -3,7 +3,7 @@
 //! passed through chunk by chunk under the deadline and preemption.
 
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use tokio::time::Instant;
 
@@ -13,6 +13,7 @@ use crate::error::{ApiError, from_upstream};
 use crate::proxy::{
     Flight, Passthrough, client_response_headers, header as hname, is_event_stream,
 };
+use crate::upstream::UpstreamResponse;
 
 /// Largest upstream error body read to rewrite it into OpenAI's shape.
 const MAX_UPSTREAM_ERROR_BYTES: usize = 64 * 1024;
@@ -20,26 +21,26 @@ const MAX_UPSTREAM_ERROR_BYTES: usize = 64 * 1024;
 /// Builds the client's response from the upstream's.
 pub(super) async fn respond(
     lane: Lane<'_>,
-    response: reqwest::Response,
+    mut response: UpstreamResponse,
     mut flight: Flight,
     deadline: Deadline,
     queue_wait: std::time::Duration,
     preempted: Option<Waiter>,
 ) -> Result<Response, ApiError> {
-    let status =
-        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status = response.status();
     if status.is_client_error() || status.is_server_error() {
         let body = read_limited(response, deadline.at).await;
         flight.finish("upstream_error");
         return Err(from_upstream(status, &body));
     }
-    let mut out_headers = client_response_headers(response.headers());
     let sse = is_event_stream(response.headers());
+    let length = response.headers().get(header::CONTENT_LENGTH).cloned();
+    let mut out_headers = client_response_headers(response.take_headers());
     // Keep the upstream's length so the client gets the body as sent rather than re-chunked
     // (one write instead of a chunk and a terminator). Not for SSE: a stream cut short by the
     // deadline or a preemption ends with an extra error event of its own.
-    if !sse && let Some(len) = response.headers().get(header::CONTENT_LENGTH) {
-        out_headers.insert(header::CONTENT_LENGTH, len.clone());
+    if !sse && let Some(len) = length {
+        out_headers.insert(header::CONTENT_LENGTH, len);
     }
     out_headers.insert(
         hname("x-headroom-lane"),
@@ -57,7 +58,7 @@ pub(super) async fn respond(
     Ok(resp)
 }
 
-async fn read_limited(mut response: reqwest::Response, deadline: Instant) -> Vec<u8> {
+async fn read_limited(mut response: UpstreamResponse, deadline: Instant) -> Vec<u8> {
     let mut out = Vec::new();
     while out.len() < MAX_UPSTREAM_ERROR_BYTES {
         match tokio::time::timeout_at(deadline, response.chunk()).await {

@@ -8,20 +8,19 @@ use crate::error::ApiError;
 use crate::inspect::{audio_seconds, parse_json};
 use crate::multipart;
 
-fn content_type(headers: &HeaderMap) -> String {
+fn content_type(headers: &HeaderMap) -> &str {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
-        .to_string()
 }
 
 /// Reads the request's facts, or the 4xx that explains why the body is not acceptable.
 pub(super) fn inspect(route: Route, headers: &HeaderMap, body: &[u8]) -> Result<Facts, ApiError> {
     let ctype = content_type(headers);
     match route.json() {
-        Some(json_route) => inspect_json(route, json_route, &ctype, body),
-        None => inspect_upload(route, &ctype, body),
+        Some(json_route) => inspect_json(route, json_route, ctype, body),
+        None => inspect_upload(route, ctype, body),
     }
 }
 

@@ -1,0 +1,247 @@
+//! The upstream client against raw HTTP/1 servers on 127.0.0.1 that behave in the ways engines
+//! do: keep-alive reuse, a server that closes after each reply, one that closes a kept-alive
+//! connection without reading the next request (llama.cpp after a stream), `Connection: close`,
+//! a redirect, a refused connect.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::*;
+
+/// How a test server treats a connection after answering one request.
+#[derive(Clone, Copy)]
+enum After {
+    /// Reads the next request on the same connection.
+    KeepAlive,
+    /// Closes the socket right after the reply (while the reply said keep-alive).
+    Close,
+    /// Keeps the socket open a while without reading, then closes it (unread data: a reset).
+    LingerUnread(Duration),
+}
+
+struct Server {
+    address: String,
+    accepted: Arc<AtomicU64>,
+    served: Arc<AtomicU64>,
+}
+
+/// Reads one request head and its Content-Length body; `false` when the peer closed first.
+async fn read_request(reader: &mut BufReader<TcpStream>) -> bool {
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line).await {
+            Ok(0) | Err(_) => return false,
+            Ok(_) => {}
+        }
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':')
+            && k.eq_ignore_ascii_case("content-length")
+        {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0u8; length];
+    reader.read_exact(&mut body).await.is_ok()
+}
+
+/// A server answering every request with `reply`, then doing `after`.
+async fn server(reply: &'static str, after: After) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(AtomicU64::new(0));
+    let served = Arc::new(AtomicU64::new(0));
+    let (a, s) = (accepted.clone(), served.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            a.fetch_add(1, Ordering::SeqCst);
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(tcp);
+                while read_request(&mut reader).await {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    if reader.get_mut().write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    match after {
+                        After::KeepAlive => continue,
+                        After::Close => return,
+                        After::LingerUnread(d) => {
+                            tokio::time::sleep(d).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    Server {
+        address,
+        accepted,
+        served,
+    }
+}
+
+const OK: &str =
+    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}";
+const CHUNKED_SSE: &str = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n6\r\ndata: \r\n8\r\n[DONE]\n\n\r\n0\r\n\r\n";
+
+fn outgoing() -> Outgoing<'static> {
+    Outgoing {
+        path: "/v1/chat/completions",
+        query: None,
+        headers: HeaderMap::new(),
+        body: Bytes::from_static(b"{\"model\":\"m\"}"),
+    }
+}
+
+/// Sends one request and reads its body whole.
+async fn round_trip(endpoint: &Arc<Endpoint>) -> Result<(u16, Vec<u8>), UpstreamError> {
+    let mut response = send(endpoint, &outgoing()).await?;
+    let status = response.status().as_u16();
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        body.extend_from_slice(&chunk);
+    }
+    Ok((status, body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_connections_are_reused() {
+    let s = server(OK, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for _ in 0..20 {
+        let (status, body) = round_trip(&endpoint).await.expect("answered");
+        assert_eq!((status, body.as_slice()), (200, &b"{\"ok\":true}"[..]));
+    }
+    assert_eq!(s.served.load(Ordering::SeqCst), 20);
+    assert_eq!(
+        s.accepted.load(Ordering::SeqCst),
+        1,
+        "one connection for all"
+    );
+    assert_eq!(endpoint.connects(), 1);
+    assert_eq!(endpoint.idle_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_stream_gives_its_connection_back_too() {
+    let s = server(CHUNKED_SSE, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for _ in 0..5 {
+        let (status, body) = round_trip(&endpoint).await.expect("answered");
+        assert_eq!((status, body.as_slice()), (200, &b"data: [DONE]\n\n"[..]));
+    }
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_mid_body_is_not_reused() {
+    let s = server(CHUNKED_SSE, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let mut first = send(&endpoint, &outgoing()).await.unwrap();
+    let _ = first.chunk().await.unwrap();
+    drop(first);
+    assert_eq!(
+        endpoint.idle_count(),
+        0,
+        "a half-read response closes its connection"
+    );
+    round_trip(&endpoint)
+        .await
+        .expect("answered on a new connection");
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_closes_after_each_reply_loses_no_request() {
+    let s = server(CHUNKED_SSE, After::Close).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for i in 0..30 {
+        round_trip(&endpoint)
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        // Back to back, and sometimes after the close has surely arrived.
+        if i % 3 == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // Each request reached the server exactly once.
+    assert_eq!(s.served.load(Ordering::SeqCst), 30);
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_written_into_a_stale_connection_is_sent_again_on_a_fresh_one() {
+    let s = server(CHUNKED_SSE, After::LingerUnread(Duration::from_millis(40))).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for i in 0..10 {
+        round_trip(&endpoint)
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+    }
+    assert_eq!(
+        s.served.load(Ordering::SeqCst),
+        10,
+        "none lost, none doubled"
+    );
+    assert!(
+        endpoint.stale_resends() >= 1,
+        "the server should have made the client meet a stale pooled connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_close_is_honoured() {
+    const CLOSE: &str = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+    let s = server(CLOSE, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for _ in 0..3 {
+        round_trip(&endpoint).await.expect("answered");
+    }
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 3);
+    assert_eq!(endpoint.stale_resends(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_comes_back_as_it_is() {
+    const MOVED: &str = "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\n\r\n";
+    let s = server(MOVED, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let (status, _) = round_trip(&endpoint).await.expect("answered");
+    assert_eq!(status, 307);
+    assert_eq!(s.served.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connect_never_reached_the_upstream() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let endpoint = Arc::new(Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap());
+    let e = round_trip(&endpoint).await.expect_err("nothing listens");
+    assert!(e.is_connect() && e.never_reached(), "{e}");
+}
+
+#[test]
+fn addresses_parse_into_host_and_port() {
+    let e = Endpoint::parse("http://127.0.0.1:8000").unwrap();
+    assert_eq!(e.host_header(), "127.0.0.1:8000");
+    let e = Endpoint::parse("http://[::1]:8000").unwrap();
+    assert_eq!(e.host_header(), "[::1]:8000");
+    assert!(Endpoint::parse("https://a:1").is_err());
+    assert!(Endpoint::parse("http://").is_err());
+}
