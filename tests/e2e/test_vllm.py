@@ -487,8 +487,10 @@ def test_preempt_mode_pause_freezes_the_vllm_request_while_audio_runs_and_it_com
         assert not is_sleeping(vllm), "vLLM was left paused after the audio job"
         text.join(timeout=180)
         assert lines and lines[-1] == "data: [DONE]", lines[-3:]
-        # Every token arrived (no preemption: vLLM kept the request, frozen) ...
-        assert len(stamps) == 120, len(stamps)
+        # The whole generation arrived (no preemption: vLLM kept the request, frozen) ...
+        assert not any("preempted" in line for line in lines), lines[-3:]
+        assert any('"finish_reason":"length"' in line for line in lines), lines[-3:]
+        assert len(stamps) >= 100, len(stamps)
         # ... with a gap as long as the audio job, and none produced while it ran.
         during = [t for t in stamps if sent + 0.5 < t < came - 0.2]
         gap = max(b - a for a, b in zip(stamps, stamps[1:]))
