@@ -471,6 +471,8 @@ def test_preempt_mode_pause_freezes_the_vllm_request_while_audio_runs_and_it_com
             with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=180) as r:
                 assert r.status_code == 200
                 for line in r.iter_lines():
+                    if not line:  # the blank line that ends each event
+                        continue
                     lines.append(line)
                     if '"content":"' in line:
                         stamps.append(time.monotonic())

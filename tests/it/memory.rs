@@ -124,7 +124,7 @@ margin = "{margin}MiB"
 watch = ["{upstream}"]
 sample_interval = "{interval}ms"
 settle = "5s"
-stale_after = "500ms"
+stale_after = "3s"
 learn_min_samples = {min}
 {calibration}
 [[lanes]]
