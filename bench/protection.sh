@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): does `headroom serve` keep speech-to-text latency predictable while text
-# floods in? Both CPU servers use every core, so they contend for the machine the way two engines
-# contend for one GPU. Prints a table of transcription latency (idle; flood direct; flood through
-# nginx least_conn; flood through headroom serve; then clips with gaps, direct and through headroom)
-# with ratios to idle, and what text completes meanwhile beside text with audio idle.
-# Usage: bench/protection.sh [--clips N] [--flood N] [--max-tokens N] [--gap S] [--json FILE]
+# floods in, and what does text still get? Both CPU servers use every core, so they contend for the
+# machine the way two engines contend for one GPU. Runs every condition (audio idle; text alone;
+# back-to-back clips and clips with gaps, each with preempt on and off; with --baselines the flood
+# direct and through nginx) in repeated rounds and prints the median of the rounds with the spread:
+# audio p50/p95 and p95 against idle, text requests completed and tokens/s against text alone.
+# Usage: bench/protection.sh [--rounds N] [--clips N] [--flood N] [--max-tokens N] [--gap S]
+#                            [--text-seconds S] [--baselines] [--text-engine llamacpp|vllm] [--json FILE]
 # Ports: HEADROOM_LLAMA_PORT, HEADROOM_WHISPER_PORT (see scripts/backends.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,12 @@ fi
 cargo build --release --quiet --bin headroom
 scripts/backends.sh install
 HEADROOM_BACKEND_THREADS=$(nproc) scripts/backends.sh start
+# --text-engine vllm: text goes to vLLM on this CPU instead (preempt_mode = "pause" is compared too).
+case " $* " in *" --text-engine vllm "*)
+  scripts/backends.sh install vllm
+  scripts/backends.sh start vllm
+  export HEADROOM_VLLM_URL=http://127.0.0.1:${HEADROOM_VLLM_PORT:-18082} ;;
+esac
 export HEADROOM_LLAMA_URL=http://127.0.0.1:${HEADROOM_LLAMA_PORT:-18080}
 export HEADROOM_WHISPER_URL=http://127.0.0.1:${HEADROOM_WHISPER_PORT:-18081}
 trap 'scripts/backends.sh stop >/dev/null' EXIT

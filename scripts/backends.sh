@@ -155,6 +155,9 @@ start_vllm() {
   mkdir -p "$RUN"
   [ -f "$VLLM_MODEL/config.json" ] || { echo "run: scripts/backends.sh install vllm"; exit 2; }
   if ! alive vllm; then
+    # VLLM_SERVER_DEV_MODE=1 adds vLLM's development routes (/sleep, /wake_up, /is_sleeping),
+    # which `preempt_mode = "pause"` calls; on 127.0.0.1 only, like everything here.
+    VLLM_SERVER_DEV_MODE=1 \
     VLLM_CPU_KVCACHE_SPACE=$VLLM_KV_GIB VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
       TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
       setsid "$DIR/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_MODEL" \

@@ -286,7 +286,9 @@ def test_kill_9_restarts_with_503_in_between(running):
         if r.status_code == 503:
             assert r.headers.get("retry-after"), r.headers
             assert r.json()["error"]["code"] == "backend_unavailable"
-            assert took < 2, f"a 503 took {took:.1f} s"
+            # At once, not after the restart (seconds of back-off and start): 3 s survives a
+            # loaded 2-core box.
+            assert took < 3, f"a 503 took {took:.1f} s"
         if r.status_code == 200:
             assert "lazy dog" in r.json()["text"].lower()
             now = backend(box.report(), "whisper")

@@ -1016,7 +1016,9 @@ fn soak_with(
         resident: AtomicU64::new(0),
         transient: 200 * MIB,
     };
-    let server = start(Mode::Normal, Duration::from_millis(15), Some(memory));
+    // Each request holds its transient memory for 60 ms: six 10 ms samples, so a sampler thread
+    // that a loaded 2-core box holds back for tens of ms still sees the peak (15 ms was missed).
+    let server = start(Mode::Normal, Duration::from_millis(60), Some(memory));
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let defaults = headroom_bench::SpecDefaults {

@@ -124,7 +124,7 @@ margin = "{margin}MiB"
 watch = ["{upstream}"]
 sample_interval = "{interval}ms"
 settle = "5s"
-stale_after = "500ms"
+stale_after = "3s"
 learn_min_samples = {min}
 {calibration}
 [[lanes]]
@@ -560,8 +560,13 @@ async fn failing_or_hanging_probe_follows_fail_open_and_blocks_no_request() {
                 assert!(retry.is_some());
             }
         }
-        assert!(open_slowest < period, "probe {what}: {open_slowest:?}");
-        assert!(closed_slowest < period, "probe {what}: {closed_slowest:?}");
+        // A request that waited on the hanging probe would wait up to its 30 s; ten periods
+        // (500 ms) is what the best of three rounds of five requests survives on a loaded box.
+        assert!(open_slowest < 10 * period, "probe {what}: {open_slowest:?}");
+        assert!(
+            closed_slowest < 10 * period,
+            "probe {what}: {closed_slowest:?}"
+        );
     }
     probe.mode.store(0, Ordering::SeqCst);
     g.shutdown().await.unwrap();

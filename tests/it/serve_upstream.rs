@@ -61,9 +61,25 @@ impl Log {
         }
     }
 
-    /// Waits until request `id` has ended (bounded).
+    /// Waits until request `id` has reached this upstream (bounded by `within`, at least
+    /// [`crate::serve::SETTLE`]); `None` if it never did.
+    pub async fn wait_started(&self, id: &str, within: Duration) -> Option<Seen> {
+        let until = Instant::now() + within.max(crate::serve::SETTLE);
+        loop {
+            if let Some(s) = self.get(id) {
+                return Some(s);
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Waits until request `id` has ended (bounded by `within`, at least
+    /// [`crate::serve::SETTLE`]: the end is an event, a loaded machine may delay it).
     pub async fn wait_ended(&self, id: &str, within: Duration) -> Option<Seen> {
-        let until = Instant::now() + within;
+        let until = Instant::now() + within.max(crate::serve::SETTLE);
         while Instant::now() < until {
             if let Some(s) = self.get(id)
                 && s.ended.is_some()
@@ -140,6 +156,10 @@ pub async fn start() -> Upstream {
             get(|| async { axum::Json(serde_json::json!({"object":"list","data":[{"id":"test-model","object":"model"}]})) }),
         )
         .route("/health", get(|| async { "ok" }))
+        // vLLM's development endpoints for `preempt_mode = "pause"`: each call is logged with
+        // its path and query as the id (e.g. `/sleep?level=0&mode=keep`).
+        .route("/sleep", post(engine_control))
+        .route("/wake_up", post(engine_control))
         .with_state(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -298,4 +318,22 @@ async fn speech(State(s): State<Up>, req: Request) -> Response {
     r.headers_mut()
         .insert("content-type", "audio/wav".parse().unwrap());
     r
+}
+
+async fn engine_control(State(s): State<Up>, req: Request) -> Response {
+    let uri = req.uri();
+    let id = format!("{}?{}", uri.path(), uri.query().unwrap_or(""));
+    let index = s.log.start(Seen {
+        id,
+        path: uri.path().to_string(),
+        started: Instant::now(),
+        ended: None,
+        cancelled: false,
+        completed: false,
+        max_tokens: None,
+        authorization: None,
+        body_len: 0,
+    });
+    s.log.end(index, true);
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
 }

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::lane::{GateError, LaneSpec, Policy, RejectReason, Rejection};
+use crate::lane::{GateError, LaneSpec, Policy, PreemptMode, RejectReason, Rejection};
 use crate::ledger::{
     LearnedNeed, Ledger, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind,
 };
@@ -57,6 +57,9 @@ struct Inner {
     max_inflight_total: Option<usize>,
     next_id: AtomicU64,
     state: Mutex<State>,
+    /// Per lane: for a `preempt_mode = pause` lane, whether its engines should be paused now
+    /// (a lane it yields to has work in flight).
+    pause: Vec<Option<watch::Sender<bool>>>,
 }
 
 #[derive(Default)]
@@ -417,8 +420,15 @@ impl Gate {
             .iter()
             .any(|s| s.gpu.is_some())
             .then(|| Ledger::new(memory.unwrap_or_default()));
+        let pause = specs
+            .iter()
+            .map(|s| {
+                (s.preempt && s.preempt_mode == PreemptMode::Pause).then(|| watch::channel(false).0)
+            })
+            .collect();
         Ok(Gate {
             inner: Arc::new(Inner {
+                pause,
                 specs,
                 yield_targets,
                 by_priority,
@@ -476,6 +486,16 @@ impl Gate {
     /// The learned need of `lane`, if any.
     pub fn learned(&self, lane: usize) -> Option<LearnedNeed> {
         self.inner.lock().learners[lane].learned()
+    }
+
+    /// For a lane with `preempt` and `preempt_mode = pause`: follows whether its engines should
+    /// be paused (true while a lane it yields to has work in flight). `None` for other lanes.
+    pub fn pause_signal(&self, lane: usize) -> Option<watch::Receiver<bool>> {
+        self.inner
+            .pause
+            .get(lane)?
+            .as_ref()
+            .map(|tx| tx.subscribe())
     }
 
     /// Stops admitting new work; queued and in-flight work continues.
@@ -729,7 +749,9 @@ impl Inner {
     ) -> Slot {
         let reservation = self.reserve_memory(st, lane, upstream, now, id, request);
         let busy = self.higher_busy(st, lane, now);
-        let preempt = self.specs[lane].preempt.then(|| Arc::new(Notify::new()));
+        let spec = &self.specs[lane];
+        let preempt = (spec.preempt && spec.preempt_mode == PreemptMode::Abort)
+            .then(|| Arc::new(Notify::new()));
         let ls = &mut st.lanes[lane];
         ls.inflight += 1;
         ls.upstream_inflight[upstream] += 1;
@@ -743,6 +765,7 @@ impl Inner {
         st.health.entry(url).or_default().taken(now);
         st.total_inflight += 1;
         self.preempt_for(st, lane);
+        self.update_pause(st);
         Slot {
             upstream,
             id,
@@ -758,7 +781,8 @@ impl Inner {
     fn preempt_for(&self, st: &mut State, lane: usize) {
         for (other, targets) in self.yield_targets.iter().enumerate() {
             let spec = &self.specs[other];
-            if !spec.preempt || !targets.contains(&lane) {
+            if !spec.preempt || spec.preempt_mode != PreemptMode::Abort || !targets.contains(&lane)
+            {
                 continue;
             }
             let running = &mut st.lanes[other].preemptible;
@@ -768,6 +792,18 @@ impl Inner {
                     None => break,
                 }
             }
+        }
+    }
+
+    /// Publishes, for each pausing lane, whether a lane it yields to has work in flight (only
+    /// changes wake the watchers).
+    fn update_pause(&self, st: &State) {
+        for (lane, tx) in self.pause.iter().enumerate() {
+            let Some(tx) = tx else { continue };
+            let busy = self.yield_targets[lane]
+                .iter()
+                .any(|&t| st.lanes[t].inflight > 0);
+            tx.send_if_modified(|paused| std::mem::replace(paused, busy) != busy);
         }
     }
 
@@ -797,6 +833,7 @@ impl Inner {
             });
         }
         st.total_inflight = st.total_inflight.saturating_sub(1);
+        self.update_pause(st);
     }
 
     /// Whether any lane `lane` yields to has work queued or in flight, or finished work less than
@@ -1496,6 +1533,40 @@ mod tests {
                 "round {round}: text ran before audio and was never told to stop"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pausing_lane_is_paused_while_audio_runs_and_its_requests_are_not_stopped() {
+        let audio = lane("audio", 4, 0, Policy::Reject);
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            preempt: true,
+            preempt_mode: PreemptMode::Pause,
+            max_yield: Duration::ZERO,
+            ..lane("text", 8, 0, Policy::Reject)
+        };
+        let g = gate(vec![audio, text]);
+        assert!(g.pause_signal(0).is_none(), "audio does not pause");
+        let mut paused = g.pause_signal(1).expect("the text lane pauses");
+        assert!(!*paused.borrow_and_update());
+        let t = g.admit(1, AdmitRequest::default()).await.unwrap();
+        assert!(
+            t.preemption().is_none(),
+            "a paused request is kept, never told to stop"
+        );
+        assert!(!paused.has_changed().unwrap(), "text alone pauses nothing");
+        let a1 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        assert!(paused.has_changed().unwrap() && *paused.borrow_and_update());
+        let a2 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        drop(a1);
+        assert!(!paused.has_changed().unwrap(), "one audio job still runs");
+        drop(a2);
+        assert!(paused.has_changed().unwrap());
+        assert!(
+            !*paused.borrow_and_update(),
+            "resumed when the last audio job ended"
+        );
+        drop(t);
     }
 
     #[tokio::test(start_paused = true)]

@@ -35,6 +35,32 @@ impl Policy {
     }
 }
 
+/// How a `preempt` lane makes room for the work of a lane it yields to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptMode {
+    /// Stop running requests (`preempt_per_job` per admitted job, youngest first): the client
+    /// sees them end and retries.
+    #[default]
+    Abort,
+    /// Pause the lane's engines while the yielded-to lanes have work in flight and resume them
+    /// when the last job ends (vLLM's `POST /sleep?level=0&mode=keep` and
+    /// `POST /wake_up?tags=scheduling`): running requests are kept, frozen, and go on after.
+    /// The gate only publishes when to pause ([`crate::Gate::pause_signal`]); the caller talks
+    /// to the engines.
+    Pause,
+}
+
+impl PreemptMode {
+    pub fn parse(text: &str) -> Option<PreemptMode> {
+        match text {
+            "abort" => Some(PreemptMode::Abort),
+            "pause" => Some(PreemptMode::Pause),
+            _ => None,
+        }
+    }
+}
+
 /// One lane's admission settings. Request-shape limits (body size, tokens, audio seconds) are
 /// enforced by the HTTP side before admission; the ones here decide *when* work may start.
 #[derive(Debug, Clone)]
@@ -62,6 +88,8 @@ pub struct LaneSpec {
     /// With `preempt`: how many running requests (youngest first) one admitted job of a lane
     /// this lane yields to stops. One by default: an audio job needs room, not an empty lane.
     pub preempt_per_job: usize,
+    /// With `preempt`: stop running requests, or pause the lane's engines instead.
+    pub preempt_mode: PreemptMode,
     /// Upstream identifiers (URLs); admission picks the least loaded one that is not saturated.
     pub upstreams: Vec<String>,
     pub gpu: Option<GpuNeed>,
@@ -84,6 +112,7 @@ impl LaneSpec {
             yield_linger: Duration::ZERO,
             preempt: false,
             preempt_per_job: 1,
+            preempt_mode: PreemptMode::Abort,
             upstreams: upstreams.iter().map(|u| u.to_string()).collect(),
             gpu: None,
             engine: None,

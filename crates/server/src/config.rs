@@ -5,7 +5,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use headroom_gate::{EngineLimits, GpuNeed, LaneSpec, LedgerSettings, Policy, PoolKind};
+use headroom_gate::{
+    EngineLimits, GpuNeed, LaneSpec, LedgerSettings, Policy, PoolKind, PreemptMode,
+};
 use serde::Deserialize;
 
 use crate::memory_config::{MemoryConfig, MemoryTable, ProbeKind};
@@ -232,6 +234,7 @@ struct RawLane {
     #[serde(default)]
     preempt: bool,
     preempt_per_job: Option<i64>,
+    preempt_mode: Option<String>,
     max_body_bytes: Option<toml::Value>,
     max_input_tokens: Option<i64>,
     tokenizer: Option<String>,
@@ -777,6 +780,17 @@ fn lane_config(
         })?),
         (None, None) => None,
     };
+    let preempt_mode = match raw.preempt_mode.as_deref() {
+        None => PreemptMode::Abort,
+        Some(text) => PreemptMode::parse(text)
+            .ok_or_else(|| key_err(k("preempt_mode"), "must be \"abort\" or \"pause\""))?,
+    };
+    if preempt_mode == PreemptMode::Pause && !raw.preempt {
+        return Err(key_err(
+            k("preempt_mode"),
+            "\"pause\" needs preempt = true (it is how this lane is preempted)",
+        ));
+    }
     let spec = LaneSpec {
         name: name.clone(),
         priority: raw
@@ -797,6 +811,7 @@ fn lane_config(
         yield_linger: duration("yield_linger", &raw.yield_linger, Duration::ZERO)?,
         preempt: raw.preempt,
         preempt_per_job: positive("preempt_per_job", raw.preempt_per_job)?.unwrap_or(1) as usize,
+        preempt_mode,
         upstreams,
         gpu,
         engine,
@@ -912,6 +927,8 @@ max_yield = "2s"                       # ...for at most this long, so text never
 yield_linger = "1s"                    # audio counts as busy this long after its last job ends
 preempt = false                        # true: audio work stops running text (503 `preempted`)
 preempt_per_job = 1                    # with preempt: text requests each admitted audio job stops, youngest first
+preempt_mode = "abort"                 # abort: stop them; pause: pause the engine while audio runs (vLLM
+                                       # started with VLLM_SERVER_DEV_MODE=1: /sleep?level=0&mode=keep, /wake_up)
 max_body_bytes = "1MiB"
 max_input_tokens = 8192                # counted with `tokenizer`, else estimated as characters / 4
 # tokenizer = "/models/llm/tokenizer.json"  # the model's tokenizer.json (relative: to this file)

@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod memory_config;
 pub mod memory_feed;
 pub mod multipart;
+pub mod pause;
 pub mod proxy;
 mod request;
 pub mod retry_watch;
@@ -212,6 +213,14 @@ impl Gateway {
                 state.config.scrape_interval,
             )));
         }
+        let pausing = pause::pausing_lanes(&state.gate, &state.config.lanes);
+        for (lane, signal) in &pausing {
+            background.push(tokio::spawn(pause::pause_loop(
+                state.client.clone(),
+                lane.clone(),
+                signal.clone(),
+            )));
+        }
         let feed = self.memory_feed()?;
         if let (Some(probe), None) = (self.probe.clone(), &feed) {
             background.push(tokio::spawn(scrape::gpu_loop(
@@ -261,6 +270,10 @@ impl Gateway {
         };
         for task in background {
             task.abort();
+        }
+        // Never leave an engine paused behind (the grace may end while audio still runs).
+        for (lane, _) in &pausing {
+            pause::set_all(&state.client, lane, false).await;
         }
         if let Some(feed) = feed {
             feed.stop();
