@@ -33,18 +33,13 @@ import uuid
 
 import httpx
 import pytest
+from procfs import free_port, all_stats, pss_of_tree, group_members
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOX = ROOT / "tests" / "data" / "audio" / "fox.wav"
 BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
 EXAMPLE = ROOT / "examples" / "cpu-box.up.toml"
 MIB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def require_backends():
@@ -55,50 +50,6 @@ def require_backends():
 
 
 # ---- /proc, read independently of headroom ------------------------------------------------------
-
-def all_stats():
-    """pid -> (ppid, pgrp, cmdline) for every process."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{d}/stat").read()
-            fields = stat[stat.rindex(")") + 2:].split()
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if fields[0] == "Z":
-            continue
-        out[int(d)] = (int(fields[1]), int(fields[2]), cmd)
-    return out
-
-
-def tree(root: int):
-    stats = all_stats()
-    found, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        if p in stats and p not in found:
-            found.append(p)
-            todo.extend(c for c, (pp, _, _) in stats.items() if pp == p)
-    return found
-
-
-def pss_of_tree(root: int) -> int:
-    total = 0
-    for p in tree(root):
-        try:
-            for line in open(f"/proc/{p}/smaps_rollup"):
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-def group_members(pgid: int):
-    return [p for p, (_, g, _) in all_stats().items() if g == pgid]
 
 
 def children_matching(parent: int, needle: str):

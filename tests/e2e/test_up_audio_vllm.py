@@ -28,13 +28,13 @@ import os
 import pathlib
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
 
 import httpx
 import pytest
+from procfs import free_port, all_stats, tree, pss_of_tree, group_members, started_at, cmdline, environ
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
@@ -49,12 +49,6 @@ MAX_PARALLEL = 2
 MARGIN = 256 * MIB
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def require_backends():
     for p in (ROOT / ".backends/vllm/bin/python", MODEL / "config.json", ROOT / ".backends/llm/bin/python"):
         if not p.exists():
@@ -62,70 +56,6 @@ def require_backends():
 
 
 # ---- /proc, read independently of headroom ------------------------------------------------------
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-BOOT = next(int(l.split()[1]) for l in open("/proc/stat") if l.startswith("btime"))
-
-
-def all_stats():
-    """pid -> (ppid, pgrp, cmdline) for every live process."""
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = open(f"/proc/{d}/stat").read()
-            fields = stat[stat.rindex(")") + 2:].split()
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if fields[0] == "Z":
-            continue
-        out[int(d)] = (int(fields[1]), int(fields[2]), cmd)
-    return out
-
-
-def started_at(pid: int) -> float:
-    """When the process started, in seconds since the epoch (from /proc/PID/stat)."""
-    stat = open(f"/proc/{pid}/stat").read()
-    ticks = int(stat[stat.rindex(")") + 2:].split()[19])
-    return BOOT + ticks / CLK_TCK
-
-
-def tree(root: int):
-    stats = all_stats()
-    found, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        if p in stats and p not in found:
-            found.append(p)
-            todo.extend(c for c, (pp, _, _) in stats.items() if pp == p)
-    return found
-
-
-def pss_of_tree(root: int) -> int:
-    total = 0
-    for p in tree(root):
-        try:
-            for line in open(f"/proc/{p}/smaps_rollup"):
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
-
-
-def group_members(pgid: int):
-    return [p for p, (_, g, _) in all_stats().items() if g == pgid]
-
-
-def cmdline(pid: int):
-    return [a.decode() for a in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0") if a]
-
-
-def environ(pid: int) -> dict:
-    pairs = (a.decode(errors="replace").split("=", 1) for a in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in a)
-    return dict(pairs)
 
 
 def flag(args, name):
@@ -398,7 +328,6 @@ def test_the_text_engine_gets_capacity_minus_the_vllm_peak_minus_margin_and_stop
     left = {g: group_members(g) for g in groups}
     assert not any(left.values()), left
     assert not [p for p in vllm_tree if p in all_stats()], vllm_tree
-
 
 
 def test_a_capacity_too_small_for_the_vllm_is_refused_before_anything_starts(tmp):

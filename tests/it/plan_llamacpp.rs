@@ -129,6 +129,72 @@ fn planned(model: &str, flags: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The settings both models are checked at: context, slots, micro-batch, KV types, one unified
+/// KV, flash attention off, a larger batch.
+const COMMON_SETTINGS: &[&[&str]] = &[
+    &["--ctx-size", "4096"],
+    &[
+        "--ctx-size",
+        "3000",
+        "--parallel",
+        "3",
+        "--cache-type-k",
+        "q4_0",
+        "--cache-type-v",
+        "q4_0",
+    ],
+    &[
+        "--ctx-size",
+        "8192",
+        "--parallel",
+        "4",
+        "--ubatch-size",
+        "256",
+        "--cache-type-k",
+        "q8_0",
+        "--cache-type-v",
+        "q8_0",
+    ],
+    &[
+        "--ctx-size",
+        "4096",
+        "--parallel",
+        "4",
+        "--kv-unified",
+        "--ubatch-size",
+        "1024",
+    ],
+    &[
+        "--ctx-size",
+        "2048",
+        "--ubatch-size",
+        "128",
+        "--cache-type-k",
+        "q8_0",
+        "--flash-attn",
+        "off",
+    ],
+    &[
+        "--ctx-size",
+        "16384",
+        "--batch-size",
+        "1024",
+        "--ubatch-size",
+        "1024",
+        "--cache-type-v",
+        "q5_0",
+    ],
+];
+
+/// The common settings and a model's own.
+fn settings_with(extra: &[&'static [&'static str]]) -> Vec<&'static [&'static str]> {
+    COMMON_SETTINGS
+        .iter()
+        .copied()
+        .chain(extra.iter().copied())
+        .collect()
+}
+
 #[test]
 fn plan_matches_real_llama_cpp_buffers() {
     let Some(python) = llm_python() else {
@@ -146,50 +212,8 @@ fn plan_matches_real_llama_cpp_buffers() {
         .expect("model path")
         .trim()
         .to_string();
-    let settings: &[&[&str]] = &[
-        &["--ctx-size", "4096"],
+    let settings = settings_with(&[
         &["--ctx-size", "4096", "--parallel", "2"],
-        &[
-            "--ctx-size",
-            "3000",
-            "--parallel",
-            "3",
-            "--cache-type-k",
-            "q4_0",
-            "--cache-type-v",
-            "q4_0",
-        ],
-        &[
-            "--ctx-size",
-            "8192",
-            "--parallel",
-            "4",
-            "--ubatch-size",
-            "256",
-            "--cache-type-k",
-            "q8_0",
-            "--cache-type-v",
-            "q8_0",
-        ],
-        &[
-            "--ctx-size",
-            "4096",
-            "--parallel",
-            "4",
-            "--kv-unified",
-            "--ubatch-size",
-            "1024",
-        ],
-        &[
-            "--ctx-size",
-            "2048",
-            "--ubatch-size",
-            "128",
-            "--cache-type-k",
-            "q8_0",
-            "--flash-attn",
-            "off",
-        ],
         &[
             "--ctx-size",
             "6144",
@@ -198,18 +222,8 @@ fn plan_matches_real_llama_cpp_buffers() {
             "--flash-attn",
             "off",
         ],
-        &[
-            "--ctx-size",
-            "16384",
-            "--batch-size",
-            "1024",
-            "--ubatch-size",
-            "1024",
-            "--cache-type-v",
-            "q5_0",
-        ],
-    ];
-    check_against_llama(&python, &model, None, settings);
+    ]);
+    check_against_llama(&python, &model, None, &settings);
 }
 
 fn gemma_gguf() -> PathBuf {
@@ -241,69 +255,15 @@ fn plan_matches_real_llama_cpp_buffers_on_gemma3() {
         return;
     }
     let model = gguf.to_string_lossy().into_owned();
-    let settings: &[&[&str]] = &[
-        &["--ctx-size", "4096"],
-        &[
-            "--ctx-size",
-            "4096",
-            "--parallel",
-            "2",
-            "--flash-attn",
-            "off",
-        ],
-        &[
-            "--ctx-size",
-            "3000",
-            "--parallel",
-            "3",
-            "--cache-type-k",
-            "q4_0",
-            "--cache-type-v",
-            "q4_0",
-        ],
-        &[
-            "--ctx-size",
-            "8192",
-            "--parallel",
-            "4",
-            "--ubatch-size",
-            "256",
-            "--cache-type-k",
-            "q8_0",
-            "--cache-type-v",
-            "q8_0",
-        ],
-        &[
-            "--ctx-size",
-            "4096",
-            "--parallel",
-            "4",
-            "--kv-unified",
-            "--ubatch-size",
-            "1024",
-        ],
-        &[
-            "--ctx-size",
-            "2048",
-            "--ubatch-size",
-            "128",
-            "--cache-type-k",
-            "q8_0",
-            "--flash-attn",
-            "off",
-        ],
-        &[
-            "--ctx-size",
-            "16384",
-            "--batch-size",
-            "1024",
-            "--ubatch-size",
-            "1024",
-            "--cache-type-v",
-            "q5_0",
-        ],
-    ];
-    check_against_llama(&python, &model, Some(&model), settings);
+    let settings = settings_with(&[&[
+        "--ctx-size",
+        "4096",
+        "--parallel",
+        "2",
+        "--flash-attn",
+        "off",
+    ]]);
+    check_against_llama(&python, &model, Some(&model), &settings);
 }
 
 /// Loads `model` (the bundled one when `load` is None) at each setting and compares llama.cpp's

@@ -289,7 +289,7 @@ mod tests {
     use crate::flags::vllm_gpu_flags;
     use headroom_gpu::{DeviceSnapshot, GpuProbe, ProcessMemory, ScriptedProbe};
     use headroom_plan::units::MIB;
-    use headroom_plan::{AudioTokenizer, Dtype, ExactWeights, ModelKind, WeightsOrigin};
+    use headroom_plan::{AudioTokenizer, Dtype, ModelKind};
 
     use crate::boxfile::TextPlan;
 
@@ -304,24 +304,10 @@ mod tests {
         }
     }
 
-    /// VibeVoice-ASR as the catalog describes it: a Qwen2.5-7B decoder, 24 kHz audio in tokens of
-    /// 3,200 samples, 17.34 GB of checkpoint with 1.05 G tokenizer parameters loaded as float32.
+    /// VibeVoice-ASR from the catalog (its checkpoint's tensor total, tokenizers loaded as float32).
     fn vibevoice_asr() -> ModelSpec {
-        let mut spec =
-            ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18_944, 28, 28, 4, 152_064);
-        spec.kind = ModelKind::SpeechToText;
-        spec.max_position_embeddings = 65_536;
-        spec.audio_tokenizer = Some(AudioTokenizer {
-            sample_rate_hz: 24_000,
-            samples_per_token: 3200,
-        });
-        spec.exact_weights = Some(ExactWeights {
-            bytes: 17_340_000_000,
-            origin: WeightsOrigin::Catalog,
-        });
-        spec.extra_params = 1_054_383_488;
-        spec.extra_dtype = Dtype::F32;
-        spec
+        let m = headroom_inspect::catalog::find_model("microsoft/VibeVoice-ASR").unwrap();
+        headroom_inspect::catalog::model_spec(m).unwrap()
     }
 
     #[test]
