@@ -52,6 +52,25 @@ pub(crate) async fn chat(
     rb.send().await.expect("request reaches the gateway")
 }
 
+/// A streamed chat that the gateway answered 200 and whose first chunk (an SSE `data:` event) has
+/// arrived: that chunk and the rest of its body, for the test to read or to drop.
+pub(crate) async fn started_stream(
+    c: &reqwest::Client,
+    base: &str,
+    id: &str,
+    headers: &[(&str, &str)],
+) -> (
+    bytes::Bytes,
+    impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+) {
+    let r = chat(c, base, id, headers, true).await;
+    assert_eq!(r.status(), 200);
+    let mut body = r.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data: "));
+    (first, body)
+}
+
 pub(crate) fn wav(seconds: f64) -> Vec<u8> {
     headroom_server::audio::fixtures::wav(seconds, 8000, 1)
 }
@@ -2237,18 +2256,13 @@ async fn audio_work_preempts_running_text_on_a_preemptible_lane() {
     let g = gateway(&toml).await;
     let (c, b) = (client(), base(&g));
     // A long text stream and a non-streaming text request wait on the upstream...
-    let r = chat(
+    let (_, mut body) = started_stream(
         &c,
         &b,
         "long",
         &[("x-test-chunks", "500"), ("x-test-interval-ms", "10")],
-        true,
     )
     .await;
-    assert_eq!(r.status(), 200);
-    let mut body = r.bytes_stream();
-    let first = body.next().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("data: "));
     let waiting = tokio::spawn({
         let (c, b) = (c.clone(), b.clone());
         async move { chat(&c, &b, "slow", &[("x-test-delay-ms", "5000")], false).await }
@@ -2324,18 +2338,13 @@ async fn a_pausing_lane_pauses_its_engine_while_audio_runs_and_keeps_its_request
         .await
         .expect("resumed at start");
     // A text stream runs...
-    let r = chat(
+    let (first, mut body) = started_stream(
         &c,
         &b,
         "long",
         &[("x-test-chunks", "40"), ("x-test-interval-ms", "50")],
-        true,
     )
     .await;
-    assert_eq!(r.status(), 200);
-    let mut body = r.bytes_stream();
-    let first = body.next().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("data: "));
     // ...audio is admitted: the text engine is paused (not the audio one), the stream kept.
     let a1 = tokio::spawn({
         let (c, b) = (c.clone(), b.clone());
