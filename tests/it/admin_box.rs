@@ -161,15 +161,7 @@ async fn admin_box_is_keyed_and_a_restarting_backend_gets_503_with_retry_after()
         "nothing was sent to the restarting backend"
     );
 
-    let metrics = c
-        .get(format!("{base}/metrics"))
-        .bearer_auth("sekret")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape(&c, &base).await;
     assert!(
         metrics.contains("headroom_box_backend_restarts_total{backend=\"stt\",role=\"audio\"} 1"),
         "{metrics}"
@@ -197,14 +189,18 @@ async fn without_a_box_the_route_is_unknown() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    let metrics = c
-        .get(format!("{base}/metrics"))
+    let metrics = scrape(&c, &base).await;
+    assert!(!metrics.contains("headroom_box_"));
+}
+
+/// The gateway's `/metrics` text, asked for with the test's key.
+async fn scrape(c: &reqwest::Client, base: &str) -> String {
+    c.get(format!("{base}/metrics"))
         .bearer_auth("sekret")
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    assert!(!metrics.contains("headroom_box_"));
+        .unwrap()
 }
