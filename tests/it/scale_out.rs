@@ -408,7 +408,7 @@ async fn one_request(c: &reqwest::Client, base: &str, kind: &'static str, id: &s
         let mut r = match rb.send().await {
             Ok(r) => r,
             Err(e) => {
-                out.error = Some(format!("send: {e}"));
+                out.error = Some(format!("send: {e:?}"));
                 return;
             }
         };
