@@ -11,28 +11,19 @@ import json
 import os
 import pathlib
 import re
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 
 import httpx
 import openai
 import pytest
+from gateway import start_serve, stop_serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOX = ROOT / "tests" / "data" / "audio" / "fox.wav"
 LLAMA = os.environ.get("HEADROOM_LLAMA_URL", "http://127.0.0.1:18080")
 WHISPER = os.environ.get("HEADROOM_WHISPER_URL", "http://127.0.0.1:18081")
 BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gateway_config(port: int) -> str:
@@ -56,30 +47,9 @@ def gateway():
             httpx.get(f"{url}/health", timeout=10).raise_for_status()
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"backend {url} is not up ({e}); run scripts/backends.sh install start")
-    port = free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write(gateway_config(port))
-    cfg.close()
-    proc = subprocess.Popen([BIN, "serve", "--config", cfg.name], stdout=sys.stderr, stderr=sys.stderr)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail("headroom serve did not come up")
-        time.sleep(0.1)
+    proc, base, cfg = start_serve(BIN, gateway_config)
     yield base
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    os.unlink(cfg.name)
+    stop_serve(proc, cfg)
 
 
 def client(base: str) -> openai.OpenAI:

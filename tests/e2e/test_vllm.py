@@ -11,16 +11,14 @@ import json
 import math
 import os
 import pathlib
-import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 
 import httpx
 import openai
 import pytest
+from gateway import start_serve, stop_serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
@@ -45,14 +43,6 @@ def vllm() -> dict:
         pytest.fail(f"vLLM at {url} is not up ({e}); run scripts/backends.sh start vllm")
     assert env["HEADROOM_VLLM_MAX_NUM_SEQS"] == "1", "these tests need a vLLM started with --max-num-seqs 1"
     return env
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gateway_config(port: int, upstream: str) -> str:
@@ -84,30 +74,9 @@ def gateway(vllm):
     if external:
         yield external.rstrip("/")
         return
-    port = free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write(gateway_config(port, vllm["HEADROOM_VLLM_URL"]))
-    cfg.close()
-    proc = subprocess.Popen([BIN, "serve", "--config", cfg.name], stdout=sys.stderr, stderr=sys.stderr)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail("headroom serve did not come up")
-        time.sleep(0.1)
+    proc, base, cfg = start_serve(BIN, lambda port: gateway_config(port, vllm["HEADROOM_VLLM_URL"]))
     yield base
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    os.unlink(cfg.name)
+    stop_serve(proc, cfg)
 
 
 def client(base: str) -> openai.OpenAI:
@@ -433,27 +402,6 @@ preempt_mode = "{mode}"
 """
 
 
-def start_serve(config):
-    """`headroom serve` with `config(port)` on a free port: (process, base URL, config path)."""
-    port = free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write(config(port))
-    cfg.close()
-    proc = subprocess.Popen([BIN, "serve", "--config", cfg.name], stdout=sys.stderr, stderr=sys.stderr)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return proc, base, cfg.name
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail("headroom serve did not come up")
-        time.sleep(0.1)
-
-
 def is_sleeping(vllm) -> bool:
     r = httpx.get(f"{vllm['HEADROOM_VLLM_URL']}/is_sleeping", timeout=10)
     assert r.status_code == 200, (
@@ -469,7 +417,7 @@ PAUSE_LATENCY = 1.0
 def test_preempt_mode_pause_freezes_the_vllm_request_while_audio_runs_and_it_completes(vllm):
     hold = 3.0
     speech = SlowSpeech(hold)
-    proc, base, cfg = start_serve(lambda port: pausing_gateway(port, vllm["HEADROOM_VLLM_URL"], speech.url, "pause"))
+    proc, base, cfg = start_serve(BIN, lambda port: pausing_gateway(port, vllm["HEADROOM_VLLM_URL"], speech.url, "pause"))
     try:
         assert not is_sleeping(vllm)
         stamps, lines = [], []
@@ -516,12 +464,7 @@ def test_preempt_mode_pause_freezes_the_vllm_request_while_audio_runs_and_it_com
         assert not during, f"{len(during)} tokens streamed while vLLM should have been paused"
         assert gap >= hold - PAUSE_LATENCY - 0.2, gap
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        os.unlink(cfg)
+        stop_serve(proc, cfg)
         speech.close()
         if is_sleeping(vllm):  # never leave the shared vLLM paused for the next tests
             httpx.post(f"{vllm['HEADROOM_VLLM_URL']}/wake_up?tags=scheduling", timeout=10)

@@ -1,0 +1,45 @@
+"""`headroom serve` for the end-to-end tests: started on a free port with a config the test writes,
+waited for on /healthz, stopped with SIGTERM (then SIGKILL) and its config file removed."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import pytest
+
+from procfs import free_port
+
+
+def start_serve(bin_path: str, config):
+    """`headroom serve` with `config(port)` on a free port: (process, base URL, config path)."""
+    port = free_port()
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(config(port))
+    cfg.close()
+    proc = subprocess.Popen([bin_path, "serve", "--config", cfg.name], stdout=sys.stderr, stderr=sys.stderr)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return proc, base, cfg.name
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            os.unlink(cfg.name)
+            pytest.fail("headroom serve did not come up")
+        time.sleep(0.1)
+
+
+def stop_serve(proc, cfg_path: str) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    os.unlink(cfg_path)
