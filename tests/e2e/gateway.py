@@ -1,5 +1,5 @@
-"""`headroom serve` for the end-to-end tests: started on a free port with a config the test writes,
-waited for on /healthz, stopped with SIGTERM (then SIGKILL) and its config file removed."""
+"""The headroom processes the end-to-end tests start: `headroom serve` on a free port with a config
+the test writes, waited for on /healthz; any of them stopped with SIGTERM, then SIGKILL."""
 
 import os
 import signal
@@ -36,10 +36,18 @@ def start_serve(bin_path: str, config):
         time.sleep(0.1)
 
 
-def stop_serve(proc, cfg_path: str) -> None:
+def terminate(proc, timeout: float) -> None:
+    """SIGTERM, then SIGKILL if the process has not ended within `timeout` seconds."""
+    if proc.poll() is not None:
+        return
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+
+
+def stop_serve(proc, cfg_path: str) -> None:
+    terminate(proc, 15)
     os.unlink(cfg_path)

@@ -33,6 +33,7 @@ import uuid
 
 import httpx
 import pytest
+from gateway import terminate
 from procfs import free_port, all_stats, pss_of_tree, group_members
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -125,13 +126,8 @@ class Box:
         return httpx.get(f"{self.base}/admin/box", timeout=5).json()
 
     def stop(self, timeout=60):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            terminate(self.proc, timeout)
 
 
 def backend(report, name):

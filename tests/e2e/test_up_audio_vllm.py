@@ -34,6 +34,7 @@ import time
 
 import httpx
 import pytest
+from gateway import terminate
 from procfs import free_port, all_stats, tree, pss_of_tree, group_members, started_at, cmdline, environ
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -185,13 +186,8 @@ class Box:
         pytest.fail(f"box not ready in {timeout} s:\n{self.text()}")
 
     def stop(self, timeout=90):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            terminate(self.proc, timeout)
 
 
 def backend(report, name):
