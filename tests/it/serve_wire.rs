@@ -1,7 +1,6 @@
 //! What `headroom serve` puts on the wire, read from a raw TCP socket: a reply the upstream sized
 //! keeps its `content-length` (it is not re-chunked) and reaches the client whole when it arrives
-//! in parts, a stream stays chunked, and the per-lane
-//! metric handles count what happened.
+//! in parts, a stream stays chunked, and the per-lane metric handles count what happened.
 
 use std::time::Duration;
 

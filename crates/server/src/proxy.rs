@@ -18,24 +18,28 @@ use crate::error::ApiError;
 use crate::telemetry::Telemetry;
 use crate::upstream::UpstreamResponse;
 
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    // The gateway has already read the body; the upstream gets it whole.
-    "expect",
-];
+/// Hop-by-hop headers (RFC 9110 section 7.6.1 and the older ones proxies still meet), and
+/// `expect`: the gateway has already read the body; the upstream gets it whole.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "trailers"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+    )
+}
 
 fn connection_listed(headers: &HeaderMap) -> Vec<String> {
     headers
-        .get_all("connection")
+        .get_all(axum::http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -52,7 +56,7 @@ fn strip(headers: &mut HeaderMap, drop: impl Fn(&str) -> bool) {
         .keys()
         .filter(|name| {
             let n = name.as_str();
-            HOP_BY_HOP.contains(&n) || listed.iter().any(|l| l == n) || drop(n)
+            hop_by_hop(n) || listed.iter().any(|l| l == n) || drop(n)
         })
         .cloned()
         .collect();
