@@ -103,8 +103,17 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.worker_threads)
+    // One worker thread (the default) is a current-thread runtime: the thread that accepts also
+    // drives every connection's I/O, timers and tasks, with no work-stealing scheduler between
+    // them. Blocking work (tokenizer counts, GPU reads) goes to the blocking pool either way.
+    let mut builder = if config.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(config.worker_threads);
+        b
+    };
+    let runtime = builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;

@@ -1,6 +1,6 @@
 //! What `headroom serve` puts on the wire, read from a raw TCP socket: a reply the upstream sized
-//! keeps its `content-length` (it is not re-chunked), a stream stays chunked, and the per-lane
-//! metric handles count what happened.
+//! keeps its `content-length` (it is not re-chunked) and reaches the client whole when it arrives
+//! in parts, a stream stays chunked, and the per-lane metric handles count what happened.
 
 use std::time::Duration;
 
@@ -97,5 +97,80 @@ async fn a_sized_reply_keeps_its_length_and_a_stream_stays_chunked() {
         metrics.contains("headroom_ttft_seconds_count{lane=\"text\"} 2"),
         "{metrics}"
     );
+    g.shutdown().await.unwrap();
+}
+
+/// An upstream on a raw socket that answers each request with a sized reply written in two
+/// parts, `pause` apart, on a keep-alive connection.
+async fn split_reply_upstream(body: &'static str, pause: Duration) -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One whole request: its head, then content-length bytes of body.
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = header(&head, "content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    let (first, rest) = body.split_at(body.len() / 2);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{first}",
+                        body.len()
+                    );
+                    if s.write_all(head.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(pause).await;
+                    if s.write_all(rest.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sized_reply_that_arrives_in_parts_reaches_the_client_whole() {
+    const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"first half, then the second half"},"finish_reason":"stop"}]}"#;
+    let up = split_reply_upstream(ANSWER, Duration::from_millis(100)).await;
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"http://{up}\"]\nmax_inflight = 4\n"
+    );
+    let g = headroom_server::spawn(ServeConfig::from_toml(&toml).unwrap(), None)
+        .await
+        .unwrap();
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    // Twice: the second request goes out on the pooled connection the first one left.
+    for _ in 0..2 {
+        let (head, body) = raw_post(g.addr, "/v1/chat/completions", chat).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(
+            header(&head, "content-length"),
+            Some(ANSWER.len().to_string().as_str()),
+            "{head}"
+        );
+        assert_eq!(String::from_utf8_lossy(&body), ANSWER);
+    }
     g.shutdown().await.unwrap();
 }

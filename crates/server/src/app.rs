@@ -95,22 +95,38 @@ fn endpoints_of(config: &ServeConfig) -> Vec<Vec<Option<Arc<crate::upstream::End
 
 pub(crate) type Shared = Arc<AppState>;
 
-/// Builds the router for a gateway.
-pub fn router(state: Shared) -> Router {
-    let proxied = |route: Route| {
-        post(move |State(s): State<Shared>, req: Request| async move {
-            let telemetry = s.telemetry.clone();
-            request::handle(s, route, req).await.unwrap_or_else(|e| {
-                // Refused input (gate refusals are counted per lane where they happen).
-                if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS {
-                    telemetry
-                        .counter(BAD_REQUESTS_TOTAL, &[("code", e.code.as_str())])
-                        .increment(1);
-                }
-                e.into_response()
-            })
-        })
+/// A proxied route's request with the edge checks around it, as the router's `edge`
+/// middleware applies them to every other route: the header-size and key checks, the request
+/// path, then the overload status and the load header.
+pub(crate) async fn proxied(s: Shared, route: Route, req: Request) -> Response {
+    let response = match refused_at_edge(&s, &req) {
+        Some(refusal) => refusal,
+        None => answer(s.clone(), route, req).await,
     };
+    let response = overload_status(&s, response);
+    load_header(&s, response)
+}
+
+/// The request path's answer, or its error as a response. Refused input is counted here (gate
+/// refusals are counted per lane where they happen).
+async fn answer(s: Shared, route: Route, req: Request) -> Response {
+    let telemetry = s.telemetry.clone();
+    request::handle(s, route, req).await.unwrap_or_else(|e| {
+        if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS {
+            telemetry
+                .counter(BAD_REQUESTS_TOTAL, &[("code", e.code.as_str())])
+                .increment(1);
+        }
+        e.into_response()
+    })
+}
+
+/// Builds the router for a gateway. The server ([`crate::listen`]) sends `POST`s on the
+/// proxied routes to [`proxied`] without it; the router still serves them (through the same
+/// function) for anyone who mounts it on its own, and answers their other methods with 405.
+pub fn router(state: Shared) -> Router {
+    let proxied =
+        |route: Route| post(move |State(s): State<Shared>, req: Request| answer(s, route, req));
     Router::new()
         .route("/v1/chat/completions", proxied(Route::Chat))
         .route("/v1/completions", proxied(Route::Completions))

@@ -10,6 +10,7 @@ pub mod balancer;
 pub mod config;
 pub mod error;
 pub mod inspect;
+mod listen;
 pub mod memory_config;
 pub mod memory_feed;
 pub mod multipart;
@@ -28,7 +29,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use headroom_gate::Gate;
 use headroom_gpu::{GpuProbe, HostPool};
 use tokio::net::TcpListener;
@@ -248,18 +248,13 @@ impl Gateway {
         let gate = state.gate.clone();
         let grace = state.config.shutdown_grace;
         let app = app::router(state.clone());
-        // Responses are written whole (head and body together) or as SSE events that must leave
-        // at once: Nagle's algorithm would only hold small writes back for the client's ACK.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        let server = listen::serve(listener, state.clone(), app, async move {
             shutdown.await;
             gate.start_draining();
             let _ = fired_tx.send(());
         });
         let result = tokio::select! {
-            r = server => r.map_err(ServeError::from),
+            _ = server => Ok(()),
             _ = async move {
                 if fired_rx.await.is_ok() {
                     tokio::time::sleep(grace).await;

@@ -18,24 +18,28 @@ use crate::error::ApiError;
 use crate::telemetry::Telemetry;
 use crate::upstream::UpstreamResponse;
 
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    // The gateway has already read the body; the upstream gets it whole.
-    "expect",
-];
+/// Hop-by-hop headers (RFC 9110 section 7.6.1 and the older ones proxies still meet), and
+/// `expect`: the gateway has already read the body; the upstream gets it whole.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "trailers"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+    )
+}
 
 fn connection_listed(headers: &HeaderMap) -> Vec<String> {
     headers
-        .get_all("connection")
+        .get_all(axum::http::header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
@@ -52,7 +56,7 @@ fn strip(headers: &mut HeaderMap, drop: impl Fn(&str) -> bool) {
         .keys()
         .filter(|name| {
             let n = name.as_str();
-            HOP_BY_HOP.contains(&n) || listed.iter().any(|l| l == n) || drop(n)
+            hop_by_hop(n) || listed.iter().any(|l| l == n) || drop(n)
         })
         .cloned()
         .collect();
@@ -121,7 +125,7 @@ impl Flight {
             .request_duration(self.lane, self.arrival.elapsed().as_secs_f64());
     }
 
-    fn first_byte(&self) {
+    pub(crate) fn first_byte(&self) {
         self.telemetry
             .ttft(self.lane, self.arrival.elapsed().as_secs_f64());
     }
@@ -137,7 +141,10 @@ impl Drop for Flight {
 pub struct Passthrough {
     inner: Option<UpstreamResponse>,
     flight: Flight,
-    deadline: Pin<Box<Sleep>>,
+    /// When the response must be done; its timer is armed only once the upstream makes the body
+    /// wait (a body that arrives with its head never registers one).
+    deadline: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
     request_timeout: std::time::Duration,
     sse: bool,
     first: bool,
@@ -148,6 +155,8 @@ pub struct Passthrough {
     /// Bytes still to come when the upstream said how many: the server stops polling a sized body
     /// once it has all of them, so the flight ends with the last byte, not with a final poll.
     remaining: Option<u64>,
+    /// What was read before the stream started, passed on first.
+    ahead: Option<Result<Bytes, crate::upstream::UpstreamError>>,
 }
 
 /// Whether an SSE stream whose last bytes were `tail` stands between two events (nothing sent
@@ -184,14 +193,30 @@ impl Passthrough {
             remaining: response.content_length(),
             inner: Some(response),
             flight,
-            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline,
+            timer: None,
             request_timeout,
             sse,
             first: true,
             done: false,
             preempted: None,
             tail: Vec::new(),
+            ahead: None,
         }
+    }
+
+    /// Starts the stream with `first`, a result already read from the response, the body being
+    /// `declared` bytes long as the upstream said before that read.
+    pub fn read_ahead(
+        mut self,
+        first: Option<Result<Bytes, crate::upstream::UpstreamError>>,
+        declared: Option<u64>,
+    ) -> Passthrough {
+        if first.is_some() {
+            self.ahead = first;
+            self.remaining = declared;
+        }
+        self
     }
 
     /// Ends the response with a `preempted` error (and cancels the upstream) when `waiter` fires.
@@ -233,7 +258,11 @@ impl Stream for Passthrough {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match inner.poll_chunk(cx) {
+        let next = match this.ahead.take() {
+            Some(first) => Poll::Ready(Some(first)),
+            None => inner.poll_chunk(cx),
+        };
+        match next {
             Poll::Ready(Some(Ok(chunk))) => {
                 if this.first {
                     this.first = false;
@@ -271,7 +300,11 @@ impl Stream for Passthrough {
             }
             Poll::Pending => {}
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
+        let deadline = this.deadline;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if timer.as_mut().poll(cx).is_ready() {
             let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
             return this.end_with(e, "deadline");
         }
@@ -290,8 +323,8 @@ impl Stream for Passthrough {
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.to_ascii_lowercase().starts_with("text/event-stream"))
+        .and_then(|v| v.as_bytes().get(..b"text/event-stream".len()))
+        .is_some_and(|v| v.eq_ignore_ascii_case(b"text/event-stream"))
 }
 
 /// A header name the gateway adds to responses.

@@ -28,7 +28,7 @@ pub struct RetryWatch {
 pub fn client_of(headers: &HeaderMap) -> Option<u64> {
     let id = headers
         .get(axum::http::header::AUTHORIZATION)
-        .or_else(|| headers.get(CLIENT_HEADER))?;
+        .or_else(|| headers.get(const { axum::http::HeaderName::from_static(CLIENT_HEADER) }))?;
     let bytes = id.as_bytes();
     if bytes.is_empty() {
         return None;

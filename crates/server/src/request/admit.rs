@@ -22,7 +22,7 @@ pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, headers: &HeaderMap) ->
         timeout: lane.config.spec.request_timeout,
     };
     if let Some(ms) = headers
-        .get(TIMEOUT_HEADER)
+        .get(const { axum::http::HeaderName::from_static(TIMEOUT_HEADER) })
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
     {

@@ -95,7 +95,10 @@ pub(super) async fn read(
     // The buffer grows with what arrives; a declared length only sizes it up front, never past
     // the cap.
     let capacity = declared.unwrap_or(0).min(read_cap).min(1 << 20) as usize;
-    let mut buf = BytesMut::with_capacity(capacity);
+    // A body that arrives in one chunk (a small request always does) is kept as it came; only
+    // a second chunk starts a buffer.
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
     let read = async {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|_| {
@@ -106,15 +109,27 @@ pub(super) async fn read(
                 )
                 .closing()
             })?;
-            if (buf.len() + chunk.len()) as u64 > read_cap {
+            let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
+            if (held + chunk.len()) as u64 > read_cap {
                 return Err(refuse_oversize(&mut stream, read_cap, headers, true).await);
+            }
+            if first.is_none() && buf.is_empty() {
+                first = Some(chunk);
+                continue;
+            }
+            if let Some(first) = first.take() {
+                buf.reserve(capacity.max(first.len() + chunk.len()));
+                buf.extend_from_slice(&first);
             }
             buf.extend_from_slice(&chunk);
         }
         Ok(())
     };
     match tokio::time::timeout(read_deadline, read).await {
-        Ok(Ok(())) => Ok(buf.freeze()),
+        Ok(Ok(())) => Ok(match first {
+            Some(whole) => whole,
+            None => buf.freeze(),
+        }),
         Ok(Err(e)) => Err(e),
         Err(_) => {
             // A slow body is answered 408; what is still arriving is read and dropped first

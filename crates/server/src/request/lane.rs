@@ -34,7 +34,7 @@ pub(super) fn candidates<'a>(
         )
         .closing());
     }
-    let named = match headers.get(LANE_HEADER) {
+    let named = match headers.get(const { axum::http::HeaderName::from_static(LANE_HEADER) }) {
         None => None,
         Some(v) => {
             let name = v.to_str().unwrap_or("");

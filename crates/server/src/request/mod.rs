@@ -44,6 +44,18 @@ impl Route {
         }
     }
 
+    /// The route served at `path`, if the gateway proxies it.
+    pub(crate) fn from_path(path: &str) -> Option<Route> {
+        Some(match path {
+            "/v1/chat/completions" => Route::Chat,
+            "/v1/completions" => Route::Completions,
+            "/v1/audio/transcriptions" => Route::Transcriptions,
+            "/v1/audio/translations" => Route::Translations,
+            "/v1/audio/speech" => Route::Speech,
+            _ => return None,
+        })
+    }
+
     fn json(self) -> Option<JsonRoute> {
         match self {
             Route::Chat => Some(JsonRoute::Chat),

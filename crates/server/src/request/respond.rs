@@ -50,9 +50,27 @@ pub(super) async fn respond(
         hname("x-headroom-queue-wait-ms"),
         HeaderValue::from(queue_wait.as_millis() as u64),
     );
-    let body = Passthrough::new(response, flight, deadline.at, deadline.timeout, sse)
-        .preemptible(preempted);
-    let mut resp = Response::new(Body::from_stream(body));
+    // A sized, non-SSE body that arrived whole with its head (the common case for a short
+    // completion) goes to the client as one buffer, the flight done, instead of through the
+    // stream; whatever that first look read otherwise leads the stream.
+    let declared = response.content_length().filter(|&n| n > 0 && !sse);
+    let early = match declared {
+        Some(_) => futures_util::FutureExt::now_or_never(response.chunk()),
+        None => None,
+    };
+    let body = match early {
+        Some(Ok(Some(whole))) if Some(whole.len() as u64) == declared => {
+            flight.first_byte();
+            flight.finish("ok");
+            Body::from(whole)
+        }
+        early => Body::from_stream(
+            Passthrough::new(response, flight, deadline.at, deadline.timeout, sse)
+                .preemptible(preempted)
+                .read_ahead(early.and_then(Result::transpose), declared),
+        ),
+    };
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = out_headers;
     Ok(resp)

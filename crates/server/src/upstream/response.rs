@@ -31,11 +31,16 @@ pub(super) async fn exchange(
             if let Poll::Ready(r) = head.as_mut().poll(cx) {
                 return Poll::Ready(r);
             }
-            // Once the connection has ended, hyper has already answered the request future
-            // (with the response or the error that ended it); poll it again.
-            if !open || !conn.poll_closed(cx) {
+            if !open {
                 return Poll::Pending;
             }
+            if !conn.poll_closed(cx) {
+                // Driving the connection may just have read the head: take it now rather
+                // than after a wake-up of the task.
+                return head.as_mut().poll(cx);
+            }
+            // Once the connection has ended, hyper has already answered the request future
+            // (with the response or the error that ended it); poll it again.
             open = false;
         }
     })
@@ -98,6 +103,7 @@ impl UpstreamResponse {
         if self.ended {
             return Poll::Ready(None);
         }
+        let mut driven = false;
         loop {
             match Pin::new(&mut self.body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
@@ -120,12 +126,18 @@ impl UpstreamResponse {
                 }
                 Poll::Pending => {}
             }
+            if driven {
+                return Poll::Pending;
+            }
             let closed = match self.conn.as_mut() {
                 Some(conn) => conn.poll_closed(cx),
                 None => return Poll::Pending,
             };
             if !closed {
-                return Poll::Pending;
+                // Driving the connection may just have handed the body its next bytes: look
+                // once more rather than after a wake-up of the task.
+                driven = true;
+                continue;
             }
             // The connection ended: the body now reads its end (or the error) at once.
             self.conn = None;
