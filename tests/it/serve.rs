@@ -2307,6 +2307,116 @@ async fn audio_work_preempts_running_text_on_a_preemptible_lane() {
     g.shutdown().await.unwrap();
 }
 
+/// A text lane in front of a llama.cpp stand-in whose `/metrics` the test sets: `preempt_per_job
+/// = "all"` and `preempt_settle`.
+fn settling_box(up: &Upstream, text_up: &Upstream, settle: &str) -> String {
+    format!(
+        "scrape_interval = \"100ms\"\n{}{}",
+        text_lane(
+            text_up,
+            &format!(
+                "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true\n\
+                 preempt_per_job = \"all\"\npreempt_settle = \"{settle}\"\nengine = \"llamacpp\"\n\
+                 engine_fail_open = true"
+            )
+        ),
+        audio_lane(up, "max_inflight = 1")
+    )
+}
+
+/// Reads a stream to its end and returns its last line.
+async fn last_line(
+    mut body: impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+) -> String {
+    let mut rest = String::new();
+    while let Some(chunk) = body.next().await {
+        rest.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    rest.trim_end()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_audio_job_that_preempts_waits_for_the_engine_to_report_the_stopped_requests_gone() {
+    let _serial = SERIAL.lock().await;
+    let up = serve_upstream::start().await;
+    let text_up = serve_upstream::start().await;
+    const BUSY: &str = "llamacpp:requests_processing 2\nllamacpp:requests_deferred 0\n";
+    *text_up.metrics_text.lock().unwrap() = BUSY.into();
+    let g = gateway(&settling_box(&up, &text_up, "5s")).await;
+    let (c, b) = (client(), base(&g));
+    let long = [("x-test-chunks", "500"), ("x-test-interval-ms", "10")];
+    let (_, first) = started_stream(&c, &b, "first", &long).await;
+    let (_, second) = started_stream(&c, &b, "second", &long).await;
+    // The engine goes on reporting both slots busy (as llama.cpp does until the decode step it
+    // is in ends and it reads the cancels) for 700 ms after the audio job arrives.
+    let flip = tokio::spawn({
+        let metrics = text_up.metrics_text.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            let at = Instant::now();
+            *metrics.lock().unwrap() = "llamacpp:requests_processing 0\n".into();
+            at
+        }
+    });
+    let audio = transcribe(&c, &b, "asr", 20).await;
+    assert_eq!(audio.status(), 200);
+    let flipped = flip.await.unwrap();
+    // preempt_per_job = "all": both streams stopped, not just the youngest.
+    for body in [first, second] {
+        let last = last_line(body).await;
+        assert!(
+            last.contains("\"code\":\"preempted\""),
+            "stream ended with {last}"
+        );
+    }
+    let asr = up
+        .log
+        .get("asr")
+        .expect("the audio job reached its upstream");
+    assert!(
+        asr.started >= flipped,
+        "the audio job was forwarded {:?} before the engine reported its stopped requests gone",
+        flipped - asr.started
+    );
+    let waited: u64 = audio.headers()["x-headroom-preempt-settle-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(waited >= 500, "settle header says {waited} ms");
+    g.shutdown().await.unwrap();
+
+    // An engine that never reports idle holds the job for preempt_settle, no longer.
+    let up = serve_upstream::start().await;
+    *text_up.metrics_text.lock().unwrap() = BUSY.into();
+    let g = gateway(&settling_box(&up, &text_up, "1s")).await;
+    let b = base(&g);
+    let (_, stream) = started_stream(&c, &b, "third", &long).await;
+    let sent = Instant::now();
+    let audio = transcribe(&c, &b, "asr2", 20).await;
+    assert_eq!(audio.status(), 200);
+    let waited: u64 = audio.headers()["x-headroom-preempt-settle-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1000..3000).contains(&waited),
+        "settle header says {waited} ms"
+    );
+    assert!(sent.elapsed() < Duration::from_secs(8));
+    assert!(last_line(stream).await.contains("\"code\":\"preempted\""));
+    // A job that stopped nothing does not wait (and says nothing).
+    let audio = transcribe(&c, &b, "asr3", 20).await;
+    assert_eq!(audio.status(), 200);
+    assert!(!audio.headers().contains_key("x-headroom-preempt-settle-ms"));
+    g.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pausing_lane_pauses_its_engine_while_audio_runs_and_keeps_its_requests() {
     let _serial = SERIAL.lock().await;

@@ -89,6 +89,8 @@ struct Slot {
     id: u64,
     preempt: Option<Arc<Notify>>,
     reservation: Option<(u32, u64)>,
+    /// Lanes whose running requests this admission told to stop.
+    stopped: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -125,6 +127,8 @@ pub struct Permit {
     slot: u64,
     preempt: Option<Arc<Notify>>,
     reservation: Option<(u32, u64)>,
+    /// Lanes whose running requests this request's admission told to stop.
+    stopped: Vec<usize>,
     /// Whether the upstream answered well (set by the caller; applied when the permit drops).
     upstream_ok: Option<bool>,
     /// Upstreams this request already tried (see [`Permit::reroute`]).
@@ -176,6 +180,12 @@ impl Permit {
     /// waiter armed after it was sent still fires.
     pub fn preemption(&self) -> Option<Arc<Notify>> {
         self.preempt.clone()
+    }
+
+    /// The lanes (by index) whose running requests were told to stop when this request was
+    /// admitted (see [`Permit::preemption`]); empty when it stopped nothing.
+    pub fn stopped_lanes(&self) -> &[usize] {
+        &self.stopped
     }
 
     /// Records how the upstream answered (a connection failure or a 5xx is `false`); applied to
@@ -230,6 +240,7 @@ impl Drop for Permit {
             id: self.slot,
             preempt: None,
             reservation: self.reservation,
+            stopped: Vec::new(),
         };
         self.inner
             .release_locked(&mut st, self.lane, slot, Some(service));
@@ -731,6 +742,7 @@ impl Inner {
             slot: slot.id,
             preempt: slot.preempt,
             reservation: slot.reservation,
+            stopped: slot.stopped,
             upstream_ok: None,
             tried: Vec::new(),
             admitted_at: Instant::now(),
@@ -764,21 +776,23 @@ impl Inner {
         let url = self.specs[lane].upstreams[upstream].clone();
         st.health.entry(url).or_default().taken(now);
         st.total_inflight += 1;
-        self.preempt_for(st, lane);
+        let stopped = self.preempt_for(st, lane);
         self.update_pause(st);
         Slot {
             upstream,
             id,
             preempt,
             reservation,
+            stopped,
         }
     }
 
     /// Work was admitted on `lane`: each preemptible lane that yields to it stops its
     /// `preempt_per_job` youngest running requests (those that have spent least so far). The
     /// notification is stored in each request's own `Notify`, so one whose waiter is not armed
-    /// yet still stops when it arms it.
-    fn preempt_for(&self, st: &mut State, lane: usize) {
+    /// yet still stops when it arms it. Returns the lanes where it stopped any.
+    fn preempt_for(&self, st: &mut State, lane: usize) -> Vec<usize> {
+        let mut stopped = Vec::new();
         for (other, targets) in self.yield_targets.iter().enumerate() {
             let spec = &self.specs[other];
             if !spec.preempt || spec.preempt_mode != PreemptMode::Abort || !targets.contains(&lane)
@@ -786,13 +800,15 @@ impl Inner {
                 continue;
             }
             let running = &mut st.lanes[other].preemptible;
-            for _ in 0..spec.preempt_per_job {
-                match running.pop() {
-                    Some((_, notify)) => notify.notify_one(),
-                    None => break,
-                }
+            let keep = running.len().saturating_sub(spec.preempt_per_job);
+            if keep < running.len() {
+                stopped.push(other);
+            }
+            for (_, notify) in running.drain(keep..).rev() {
+                notify.notify_one();
             }
         }
+        stopped
     }
 
     /// Publishes, for each pausing lane, whether a lane it yields to has work in flight (only
@@ -1503,6 +1519,29 @@ mod tests {
         }
         let _a = g.admit(0, AdmitRequest::default()).await.unwrap();
         assert_eq!(text.iter().filter(|p| told_to_stop(p)).count(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn preempt_all_stops_every_running_request_and_the_job_knows_which_lane_it_stopped() {
+        let g = preempting_pair(crate::PREEMPT_ALL);
+        let mut text = Vec::new();
+        for _ in 0..3 {
+            text.push(g.admit(1, AdmitRequest::default()).await.unwrap());
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        let a1 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        let told: Vec<bool> = text.iter().map(told_to_stop).collect();
+        assert_eq!(told, vec![true, true, true], "every running request stops");
+        assert_eq!(a1.stopped_lanes(), &[1], "the audio job stopped text");
+        // Nothing left running: the next job stops nothing, and says so.
+        drop(text);
+        let a2 = g.admit(0, AdmitRequest::default()).await.unwrap();
+        assert!(a2.stopped_lanes().is_empty());
+        // Text permits never stop anything themselves.
+        drop((a1, a2));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t = g.admit(1, AdmitRequest::default()).await.unwrap();
+        assert!(t.stopped_lanes().is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

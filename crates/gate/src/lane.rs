@@ -35,6 +35,9 @@ impl Policy {
     }
 }
 
+/// `preempt_per_job` that stops every running request of the lane (`preempt_per_job = "all"`).
+pub const PREEMPT_ALL: usize = usize::MAX;
+
 /// How a `preempt` lane makes room for the work of a lane it yields to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -87,6 +90,8 @@ pub struct LaneSpec {
     pub preempt: bool,
     /// With `preempt`: how many running requests (youngest first) one admitted job of a lane
     /// this lane yields to stops. One by default: an audio job needs room, not an empty lane.
+    /// [`PREEMPT_ALL`] stops every running request: where both engines share the same cores, a
+    /// generation left running competes with the job as much as one slot of it does.
     pub preempt_per_job: usize,
     /// With `preempt`: stop running requests, or pause the lane's engines instead.
     pub preempt_mode: PreemptMode,

@@ -16,7 +16,7 @@ pub use admission::{
     UpstreamSnapshot,
 };
 pub use cleanup::clean_transcript;
-pub use lane::{GateError, LaneSpec, Policy, PreemptMode, RejectReason, Rejection};
+pub use lane::{GateError, LaneSpec, PREEMPT_ALL, Policy, PreemptMode, RejectReason, Rejection};
 pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
 pub use load::{BoxLoad, LaneLoad, box_load};
 pub use pressure::{EngineLimits, EngineLoad, GpuNeed};

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use headroom_gate::{
-    EngineLimits, GpuNeed, LaneSpec, LedgerSettings, Policy, PoolKind, PreemptMode,
+    EngineLimits, GpuNeed, LaneSpec, LedgerSettings, PREEMPT_ALL, Policy, PoolKind, PreemptMode,
 };
 use serde::Deserialize;
 
@@ -156,6 +156,10 @@ pub struct LaneConfig {
     pub metrics_path: String,
     /// Bearer key sent to the upstream (never the client's key).
     pub upstream_api_key: Option<String>,
+    /// With `preempt` (abort) and an `engine`: how long a job that stopped this lane's running
+    /// requests waits, before it is forwarded, for the lane's engines to report them stopped
+    /// (zero: it does not wait). An engine reads a cancel only between two decode steps.
+    pub preempt_settle: Duration,
 }
 
 impl LaneConfig {
@@ -233,8 +237,9 @@ struct RawLane {
     yield_linger: Option<String>,
     #[serde(default)]
     preempt: bool,
-    preempt_per_job: Option<i64>,
+    preempt_per_job: Option<toml::Value>,
     preempt_mode: Option<String>,
+    preempt_settle: Option<String>,
     max_body_bytes: Option<toml::Value>,
     max_input_tokens: Option<i64>,
     tokenizer: Option<String>,
@@ -791,6 +796,27 @@ fn lane_config(
             "\"pause\" needs preempt = true (it is how this lane is preempted)",
         ));
     }
+    let preempt_per_job = match &raw.preempt_per_job {
+        None => 1,
+        Some(toml::Value::Integer(n)) if *n >= 1 => *n as usize,
+        Some(toml::Value::String(all)) if all == "all" => PREEMPT_ALL,
+        Some(other) => {
+            return Err(key_err(
+                k("preempt_per_job"),
+                format!("{other} is neither a count of at least 1 nor \"all\""),
+            ));
+        }
+    };
+    let preempt_settle = duration("preempt_settle", &raw.preempt_settle, Duration::ZERO)?;
+    if !preempt_settle.is_zero()
+        && (!raw.preempt || preempt_mode != PreemptMode::Abort || engine_kind.is_none())
+    {
+        return Err(key_err(
+            k("preempt_settle"),
+            "needs preempt = true (abort) and an `engine` whose metrics say when its requests \
+             have stopped",
+        ));
+    }
     let spec = LaneSpec {
         name: name.clone(),
         priority: raw
@@ -810,7 +836,7 @@ fn lane_config(
         max_yield: duration("max_yield", &raw.max_yield, Duration::from_secs(10))?,
         yield_linger: duration("yield_linger", &raw.yield_linger, Duration::ZERO)?,
         preempt: raw.preempt,
-        preempt_per_job: positive("preempt_per_job", raw.preempt_per_job)?.unwrap_or(1) as usize,
+        preempt_per_job,
         preempt_mode,
         upstreams,
         gpu,
@@ -836,6 +862,7 @@ fn lane_config(
         engine: engine_kind,
         metrics_path: raw.metrics_path.unwrap_or_else(|| "/metrics".into()),
         upstream_api_key,
+        preempt_settle,
     })
 }
 
@@ -926,7 +953,10 @@ yield_to = ["audio"]                   # admit nothing new while audio has work.
 max_yield = "2s"                       # ...for at most this long, so text never starves
 yield_linger = "1s"                    # audio counts as busy this long after its last job ends
 preempt = false                        # true: audio work stops running text (503 `preempted`)
-preempt_per_job = 1                    # with preempt: text requests each admitted audio job stops, youngest first
+preempt_per_job = 1                    # with preempt: text requests each admitted audio job stops, youngest
+                                       # first; "all": every running one (engines sharing the same cores)
+preempt_settle = "0s"                  # with preempt (abort) and `engine`: the audio job waits up to this long
+                                       # for the engine's metrics to show the stopped requests gone (0s: no wait)
 preempt_mode = "abort"                 # abort: stop them; pause: pause the engine while audio runs (vLLM
                                        # started with VLLM_SERVER_DEV_MODE=1: /sleep?level=0&mode=keep, /wake_up)
 max_body_bytes = "1MiB"
@@ -1047,12 +1077,36 @@ policy = "queue"
             "engine_fail_open",
             "upstream_api_key",
             "upstream_api_key_env",
+            "preempt_per_job",
+            "preempt_settle",
         ] {
             assert!(
                 EXAMPLE_CONFIG.contains(&format!("{key} =")),
                 "example lacks {key}"
             );
         }
+    }
+
+    #[test]
+    fn preempt_per_job_takes_a_count_or_all_and_preempt_settle_a_duration() {
+        let lane = |extra: &str| {
+            format!(
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\n\
+                 engine=\"llamacpp\"\npreempt=true\n{extra}"
+            )
+        };
+        let first = |text: &str| ServeConfig::from_toml(text).unwrap().lanes.remove(0);
+        let l = first(&lane(""));
+        assert_eq!(
+            (l.spec.preempt_per_job, l.preempt_settle),
+            (1, Duration::ZERO)
+        );
+        assert_eq!(first(&lane("preempt_per_job = 3")).spec.preempt_per_job, 3);
+        let l = first(&lane(
+            "preempt_per_job = \"all\"\npreempt_settle = \"750ms\"",
+        ));
+        assert_eq!(l.spec.preempt_per_job, PREEMPT_ALL);
+        assert_eq!(l.preempt_settle, Duration::from_millis(750));
     }
 
     #[test]
@@ -1101,6 +1155,18 @@ policy = "queue"
             (
                 "[memory]\nprobe=\"host\"\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
                 "memory.capacity",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\npreempt=true\npreempt_per_job=\"most\"",
+                "preempt_per_job",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\npreempt=true\npreempt_per_job=0",
+                "preempt_per_job",
+            ),
+            (
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\npreempt=true\npreempt_settle=\"1s\"",
+                "preempt_settle",
             ),
         ];
         for (text, want) in cases {

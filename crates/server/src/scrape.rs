@@ -119,7 +119,7 @@ pub struct ScrapeTarget {
     pub metrics_path: String,
 }
 
-async fn scrape_once(
+pub(crate) async fn scrape_once(
     client: &reqwest::Client,
     t: &ScrapeTarget,
     timeout: Duration,

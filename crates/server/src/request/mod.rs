@@ -132,6 +132,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
         }
     };
     let mut preempted = preempt::arm(&permit);
+    let settled = preempt::settle(&s, &permit).await;
     let queue_wait = permit.queue_wait();
     let mut endpoint = forward::endpoint(&s, lane, &permit);
     let outgoing = forward::outgoing(&s, lane, route, &parts.uri, parts.headers, forward_body);
@@ -152,6 +153,12 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     };
     let mut response =
         respond::respond(lane, response, flight, deadline, queue_wait, preempted).await?;
+    if let Some(settled) = settled {
+        response.headers_mut().insert(
+            preempt::SETTLE_HEADER,
+            axum::http::HeaderValue::from(settled.as_millis() as u64),
+        );
+    }
     if assumed_duration {
         response.headers_mut().insert(
             limits::AUDIO_DURATION_HEADER,
