@@ -131,11 +131,13 @@ def test_a_client_that_leaves_mid_stream_frees_the_llama_slot(gateway):
         # Leaving the block closes the connection mid-stream.
     left = time.monotonic()
     # Had the gateway not closed its upstream connection, llama.cpp would generate the rest of the
-    # 2000 tokens (ignore_eos) at the rate just seen. The slot must be free long before that: the
-    # limit is a small part of it, and at most 5 s (a loaded 2-core box stalls for a second or more).
+    # 2000 tokens (ignore_eos) at the rate just seen. The slot must be free well before that: the
+    # limit is half of it, and at most 20 s. Quiet, the slot is free in 0.1-0.3 s; llama.cpp reads
+    # the cancel only between two decode steps, and on a loaded 2-core box one step can take
+    # seconds (2.6 s seen beside a release build, 5.1 s in a loaded CI run).
     rate = 8 / max(stamps[-1] - stamps[0], 1e-3)
     rest = (2000 - len(stamps)) / rate
-    limit = min(5.0, rest / 4)
+    limit = min(20.0, rest / 2)
     assert limit >= 1.0, f"generation too fast ({rate:.0f} tokens/s) to tell a freed slot from a finished one"
     while slots_busy() > 0:
         waited = time.monotonic() - left
