@@ -31,6 +31,27 @@ pub struct TextFlags {
     pub expected: Expected,
 }
 
+impl TextFlags {
+    /// The flags and what the plan expects of them, as `up` says them once the engine's flags
+    /// are computed.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}{} ({} sequence(s) of {} tokens; the plan expects {}: {} weights, {} KV for {} tokens)",
+            self.args.join(" "),
+            self.env
+                .iter()
+                .map(|(k, v)| format!(" {k}={v}"))
+                .collect::<String>(),
+            self.sequences,
+            self.context_per_sequence,
+            mib(self.expected.total_bytes),
+            mib(self.expected.weights_bytes),
+            mib(self.expected.kv_cache_bytes),
+            self.expected.kv_tokens
+        )
+    }
+}
+
 /// The plan's figures for the comparison with the engine's own log.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Expected {

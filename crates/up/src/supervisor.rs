@@ -528,20 +528,9 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
         ctx.status.lock().text_budget_bytes = budget.text_bytes;
         let text_flags = text_flags(ctx, t, &budget, &footprints)?;
         ctx.say(&format!(
-            "up: [{}] flags: {}{} ({} sequence(s) of {} tokens; the plan expects {}: {} weights, {} KV for {} tokens)",
+            "up: [{}] flags: {}",
             t.name,
-            text_flags.args.join(" "),
-            text_flags
-                .env
-                .iter()
-                .map(|(k, v)| format!(" {k}={v}"))
-                .collect::<String>(),
-            text_flags.sequences,
-            text_flags.context_per_sequence,
-            mib(text_flags.expected.total_bytes),
-            mib(text_flags.expected.weights_bytes),
-            mib(text_flags.expected.kv_cache_bytes),
-            text_flags.expected.kv_tokens
+            text_flags.describe()
         ));
         let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
         ctx.status
@@ -926,21 +915,7 @@ fn audio_vllm_flags(
             e.message_for("the audio vLLM")
         ))
     })?;
-    ctx.say(&format!(
-        "up: [{}] flags: {}{} ({} sequence(s) of {} tokens; the plan expects {}: {} weights, {} KV for {} tokens)",
-        b.name,
-        f.args.join(" "),
-        f.env
-            .iter()
-            .map(|(k, v)| format!(" {k}={v}"))
-            .collect::<String>(),
-        f.sequences,
-        f.context_per_sequence,
-        mib(f.expected.total_bytes),
-        mib(f.expected.weights_bytes),
-        mib(f.expected.kv_cache_bytes),
-        f.expected.kv_tokens
-    ));
+    ctx.say(&format!("up: [{}] flags: {}", b.name, f.describe()));
     Ok(f)
 }
 
