@@ -3,6 +3,8 @@ lines and environments the end-to-end tests of `headroom up` check its figures a
 
 import os
 import socket
+import threading
+import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BOOT = next(int(l.split()[1]) for l in open("/proc/stat") if l.startswith("btime"))
@@ -73,3 +75,28 @@ def cmdline(pid: int):
 def environ(pid: int) -> dict:
     pairs = (a.decode(errors="replace").split("=", 1) for a in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in a)
     return dict(pairs)
+
+
+class PssWatch:
+    """Samples, at ~20 Hz from the moment it appears, the PSS of the process tree of `parent`'s
+    first child whose command line contains `needle`; with `note`, also when a child whose
+    command line contains it is first seen (`noted_at`)."""
+
+    def __init__(self, parent: int, needle: str, note: str = None):
+        self.parent, self.needle, self.note = parent, needle, note
+        self.samples, self.root, self.noted_at = [], None, None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            children = [(p, cmd) for p, (pp, _, cmd) in all_stats().items() if pp == self.parent]
+            if self.root is None:
+                found = [p for p, cmd in children if self.needle in cmd]
+                self.root = found[0] if found else None
+            if self.note and self.noted_at is None and any(self.note in cmd for _, cmd in children):
+                self.noted_at = time.time()
+            if self.root is not None:
+                self.samples.append((time.time(), pss_of_tree(self.root)))
+            time.sleep(0.05)

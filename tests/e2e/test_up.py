@@ -34,7 +34,7 @@ import uuid
 import httpx
 import pytest
 from gateway import terminate
-from procfs import free_port, all_stats, pss_of_tree, group_members
+from procfs import PssWatch, free_port, all_stats, pss_of_tree, group_members
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOX = ROOT / "tests" / "data" / "audio" / "fox.wav"
@@ -51,10 +51,6 @@ def require_backends():
 
 
 # ---- /proc, read independently of headroom ------------------------------------------------------
-
-
-def children_matching(parent: int, needle: str):
-    return [p for p, (pp, _, cmd) in all_stats().items() if pp == parent and needle in cmd]
 
 
 # ---- running `headroom up` ---------------------------------------------------------------------
@@ -134,27 +130,6 @@ def backend(report, name):
     return next(b for b in report["backends"] if b["name"] == name)
 
 
-class PssWatch:
-    """Samples the PSS of the whisper tree (a child of `up`) at ~20 Hz from the moment it starts."""
-
-    def __init__(self, up_pid: int):
-        self.up_pid = up_pid
-        self.samples = []
-        self.root = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            if self.root is None:
-                found = children_matching(self.up_pid, "faster-whisper-server")
-                self.root = found[0] if found else None
-            if self.root is not None:
-                self.samples.append((time.time(), pss_of_tree(self.root)))
-            time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory):
     require_backends()
@@ -165,7 +140,7 @@ def tmp(tmp_path_factory):
 def running(tmp):
     box = Box(tmp, "1GiB")
     proc = box.start("--recalibrate", "--log-dir", str(tmp / "logs"))
-    watch = PssWatch(proc.pid)
+    watch = PssWatch(proc.pid, "faster-whisper-server")
     report = box.wait_ready()
     idle_pss = pss_of_tree(watch.root)
     watch.stop.set()

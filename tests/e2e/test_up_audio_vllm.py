@@ -35,7 +35,7 @@ import time
 import httpx
 import pytest
 from gateway import terminate
-from procfs import free_port, all_stats, tree, pss_of_tree, group_members, started_at, cmdline, environ
+from procfs import PssWatch, free_port, all_stats, tree, pss_of_tree, group_members, started_at, cmdline, environ
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
@@ -194,30 +194,6 @@ def backend(report, name):
     return next(b for b in report["backends"] if b["name"] == name)
 
 
-class PssWatch:
-    """Samples the PSS of the vLLM's process tree (a child of `up`) at ~20 Hz from its start, and
-    notes when the text engine (llama_server.py, another child of `up`) is first seen."""
-
-    def __init__(self, up_pid: int):
-        self.up_pid, self.samples, self.root = up_pid, [], None
-        self.text_seen = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            children = [(p, cmd) for p, (pp, _, cmd) in all_stats().items() if pp == self.up_pid]
-            if self.root is None:
-                found = [p for p, cmd in children if "vllm.entrypoints" in cmd]
-                self.root = found[0] if found else None
-            if self.text_seen is None and any("llama_server.py" in cmd for _, cmd in children):
-                self.text_seen = time.time()
-            if self.root is not None:
-                self.samples.append((time.time(), pss_of_tree(self.root)))
-            time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory):
     require_backends()
@@ -229,7 +205,7 @@ def running(tmp):
     box = Box(tmp, "8GiB")
     t0 = time.time()
     proc = box.start("--recalibrate", "--log-dir", str(tmp / "logs"))
-    watch = PssWatch(proc.pid)
+    watch = PssWatch(proc.pid, "vllm.entrypoints", note="llama_server.py")
     try:
         report = box.wait_ready()
         print(f"box ready in {time.time() - t0:.0f} s")
@@ -274,10 +250,10 @@ def test_it_was_measured_before_the_text_engine_started(running):
     # process first existed, and the vLLM had been running a while by then.
     first, _ = watch.samples[0]
     peak_at, own_peak = max(watch.samples, key=lambda s: s[1])
-    assert watch.text_seen is not None
+    assert watch.noted_at is not None
     print(f"asr first seen, PSS peak {own_peak / MIB:.0f} MiB at +{peak_at - first:.1f} s; "
-          f"llama.cpp first seen at +{watch.text_seen - first:.1f} s")
-    assert first < peak_at < watch.text_seen
+          f"llama.cpp first seen at +{watch.noted_at - first:.1f} s")
+    assert first < peak_at < watch.noted_at
     # The two PIDs' own start times (clock ticks since boot, one clock): llama.cpp after the vLLM.
     assert started_at(asr["pid"]) < started_at(llm["pid"])
     # And `up`'s own account, in order: the vLLM measured, then the budget, then llama.cpp started.
