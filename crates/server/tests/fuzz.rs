@@ -77,3 +77,32 @@ async fn fuzz_prometheus_reader() {
         Ok(())
     });
 }
+
+#[test]
+fn fuzz_upstream_response() {
+    use bytes::BytesMut;
+    use headroom_server::upstream::wire::{Decoder, MAX_HEAD_BYTES, Step, parse_head};
+    fuzz("upstream_response", |data| {
+        let mut buf = BytesMut::from(data);
+        let Ok(Some(head)) = parse_head(&mut buf) else {
+            return Ok(());
+        };
+        let mut decoder = Decoder::new(head.framing);
+        let mut body = 0usize;
+        // Each step takes bytes out of the buffer or ends: the loop is bounded by the input.
+        for _ in 0..=data.len() + 2 {
+            match decoder.step(&mut buf) {
+                Ok(Step::Data(d)) if d.is_empty() => return Err("an empty data step".into()),
+                Ok(Step::Data(d)) => body += d.len(),
+                Ok(Step::NeedMore | Step::End) | Err(_) => return Ok(()),
+            }
+            if body > data.len() {
+                return Err(format!("{body} body bytes from {} input bytes", data.len()));
+            }
+        }
+        Err(format!(
+            "no end after {} steps (cap {MAX_HEAD_BYTES})",
+            data.len() + 2
+        ))
+    });
+}

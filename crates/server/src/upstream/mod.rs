@@ -1,6 +1,6 @@
-//! The proxied path's upstream HTTP/1 client (hyper's client connection, no connection task):
-//! one keep-alive pool per upstream address ([`Endpoint`]), each exchange driven inside the
-//! request's own task, so a proxied request costs no hand-off between tasks or worker threads.
+//! The proxied path's upstream HTTP/1 client (HTTP/1.1 on the wire in [`wire`], no connection
+//! task): one keep-alive pool per upstream address ([`Endpoint`]), each exchange driven inside
+//! the request's own task, so a proxied request costs no hand-off between tasks or worker threads.
 //! A pooled connection the upstream has closed is noticed before reuse; one that turns out stale
 //! only after the request went out (it provably never reached the upstream) is sent again once
 //! on a fresh connection. No redirects are followed (a 3xx is passed back as it is), connects
@@ -8,13 +8,13 @@
 
 mod pool;
 mod response;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue, Method, Request, Uri, header};
+use axum::http::{HeaderMap, HeaderValue};
 use bytes::Bytes;
-use http_body_util::Full;
 
 pub use pool::Endpoint;
 pub use response::UpstreamResponse;
@@ -42,12 +42,21 @@ pub enum UpstreamError {
     /// The configured address is not `http://HOST[:PORT]`.
     #[error("`{0}` is not an http://HOST:PORT address")]
     BadAddress(String),
-    /// The request path and query did not make a URI.
+    /// The request's query cannot go into a request line.
     #[error("invalid request target: {0}")]
-    BadTarget(#[from] axum::http::uri::InvalidUri),
-    /// The HTTP exchange failed on an open connection.
-    #[error("upstream HTTP error: {0}")]
-    Http(#[from] hyper::Error),
+    BadTarget(String),
+    /// The connection failed (`answered`: after some of the response had arrived).
+    #[error("upstream connection error: {source}")]
+    Io {
+        source: std::io::Error,
+        answered: bool,
+    },
+    /// The upstream closed the connection before the response was complete.
+    #[error("the upstream closed the connection before the response {}", if *.answered { "was complete" } else { "began" })]
+    Closed { answered: bool },
+    /// The upstream's response broke HTTP/1.1.
+    #[error("malformed upstream response: {0}")]
+    Malformed(#[from] wire::Malformed),
 }
 
 impl UpstreamError {
@@ -59,38 +68,29 @@ impl UpstreamError {
         )
     }
 
+    fn io(source: std::io::Error, answered: bool) -> UpstreamError {
+        UpstreamError::Io { source, answered }
+    }
+
     /// Whether the request provably never reached the upstream: it could not connect, or the
     /// connection was closed or reset under the request before any response byte came back.
     pub fn never_reached(&self) -> bool {
+        use std::io::ErrorKind::*;
         match self {
             UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
-            UpstreamError::BadAddress(_) | UpstreamError::BadTarget(_) => false,
-            UpstreamError::Http(e) => hyper_never_reached(e),
+            UpstreamError::Closed { answered } => !answered,
+            UpstreamError::Io { source, answered } => {
+                !answered
+                    && matches!(
+                        source.kind(),
+                        ConnectionReset | ConnectionAborted | BrokenPipe
+                    )
+            }
+            UpstreamError::BadAddress(_)
+            | UpstreamError::BadTarget(_)
+            | UpstreamError::Malformed(_) => false,
         }
     }
-}
-
-/// A hyper error that means the request was not taken by the upstream: canceled before it was
-/// written, the connection closed before any response byte, or reset/broken under the write.
-fn hyper_never_reached(e: &hyper::Error) -> bool {
-    if e.is_canceled() || e.is_incomplete_message() {
-        return true;
-    }
-    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            )
-        {
-            return true;
-        }
-        source = s.source();
-    }
-    false
 }
 
 /// One request to send: its target (path and query), headers and whole body.
@@ -102,21 +102,23 @@ pub struct Outgoing<'a> {
 }
 
 impl Outgoing<'_> {
-    fn uri(&self) -> Result<Uri, UpstreamError> {
-        Ok(match self.query {
-            None => Uri::from_static(self.path),
-            Some(q) => Uri::try_from(format!("{}?{q}", self.path))?,
-        })
-    }
-
-    fn request(&self, endpoint: &Endpoint) -> Result<Request<Full<Bytes>>, UpstreamError> {
-        let mut request = Request::new(Full::new(self.body.clone()));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = self.uri()?;
-        let headers = request.headers_mut();
-        *headers = self.headers.clone();
-        headers.insert(header::HOST, endpoint.host_header().clone());
-        Ok(request)
+    /// The request head as it goes on the wire.
+    fn head(&self, host: &HeaderValue) -> Result<Vec<u8>, UpstreamError> {
+        if let Some(q) = self.query
+            && !wire::valid_query(q)
+        {
+            return Err(UpstreamError::BadTarget(q.to_string()));
+        }
+        let mut head = Vec::with_capacity(256 + self.headers.len() * 48);
+        wire::request_head(
+            self.path,
+            self.query,
+            host,
+            &self.headers,
+            self.body.len(),
+            &mut head,
+        );
+        Ok(head)
     }
 }
 
@@ -129,17 +131,13 @@ pub async fn send(
 ) -> Result<UpstreamResponse, UpstreamError> {
     let mut resent = false;
     loop {
-        let pooled = if resent {
-            None
-        } else {
-            endpoint.checkout().await
-        };
+        let pooled = if resent { None } else { endpoint.checkout() };
         let reused = pooled.is_some();
         let conn = match pooled {
             Some(c) => c,
             None => endpoint.connect().await?,
         };
-        match response::exchange(endpoint.clone(), conn, outgoing.request(endpoint)?).await {
+        match response::exchange(endpoint.clone(), conn, outgoing).await {
             Err(e) if reused && !resent && e.never_reached() => {
                 endpoint.count_stale_resend();
                 resent = true;

@@ -1,40 +1,90 @@
 //! One upstream address and its idle keep-alive connections: connecting (under the connect
-//! timeout, with TCP_NODELAY), taking an idle connection only after checking that the upstream
-//! has not closed it, and taking a connection back when its response has ended cleanly.
+//! timeout, with TCP_NODELAY), the connection's socket and read buffer, taking an idle connection
+//! only after checking that the upstream has not closed it, and taking a connection back when
+//! its response has ended cleanly.
 
-use std::future::Future;
+use std::io::ErrorKind;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use axum::http::HeaderValue;
 use axum::http::uri::Authority;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::{CONNECT_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE_PER_UPSTREAM, UpstreamError};
 
-/// One HTTP/1 connection: the handle requests go through, and the connection state machine the
-/// request's task polls to move bytes (there is no task of its own).
+/// Bytes a read asks the socket for at most (the buffer grows to this when it runs low).
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One HTTP/1 connection: the socket and the bytes read from it that are not yet used.
 pub(super) struct Conn {
-    pub(super) sender: http1::SendRequest<Full<Bytes>>,
-    pub(super) driver: http1::Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    tcp: TcpStream,
+    pub(super) buf: BytesMut,
+    /// Some response byte has arrived on the current exchange.
+    pub(super) answered: bool,
+}
+
+/// What a read from the connection came to.
+pub(super) enum Read {
+    /// Bytes were added to the buffer.
+    Bytes,
+    /// The upstream closed the connection.
+    Closed,
 }
 
 impl Conn {
-    /// Moves the connection's I/O on; `true` once it has closed (cleanly or not).
-    pub(super) fn poll_closed(&mut self, cx: &mut Context<'_>) -> bool {
-        Pin::new(&mut self.driver).poll(cx).is_ready()
+    fn new(tcp: TcpStream) -> Box<Conn> {
+        Box::new(Conn {
+            tcp,
+            buf: BytesMut::new(),
+            answered: false,
+        })
     }
 
-    /// Whether a new request can go out on it now: still open, and done with the last exchange.
-    fn ready_for_next(&mut self, cx: &mut Context<'_>) -> bool {
-        !self.poll_closed(cx) && self.sender.is_ready()
+    /// Writes a request: its head and body, in one write when the body is small.
+    pub(super) async fn write(&mut self, mut head: Vec<u8>, body: &[u8]) -> std::io::Result<()> {
+        self.answered = false;
+        if body.len() <= READ_CHUNK {
+            head.extend_from_slice(body);
+            return self.tcp.write_all(&head).await;
+        }
+        self.tcp.write_all(&head).await?;
+        self.tcp.write_all(body).await
+    }
+
+    /// Reads what the socket has into the buffer, waiting for it. (Through `AsyncRead`, which
+    /// takes a read shorter than the buffer as the socket drained: the next read waits for the
+    /// reactor instead of costing a system call that would only say "try again".)
+    pub(super) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<Read>> {
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK / 4 {
+            self.buf.reserve(READ_CHUNK);
+        }
+        let read = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.tcp),
+            cx,
+            &mut self.buf
+        ));
+        Poll::Ready(match read {
+            Ok(0) => Ok(Read::Closed),
+            Ok(_) => {
+                self.answered = true;
+                Ok(Read::Bytes)
+            }
+            Err(e) => Err(e),
+        })
+    }
+
+    /// Whether the connection can carry a new request: nothing unread is buffered and the
+    /// socket has neither data nor an end of file waiting (as far as the reactor has seen).
+    fn still_open(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        self.buf.is_empty()
+            && matches!(self.tcp.try_read(&mut probe), Err(e) if e.kind() == ErrorKind::WouldBlock)
     }
 }
 
@@ -129,32 +179,24 @@ impl Endpoint {
         })?;
         // Requests and their bodies go out whole; Nagle would only hold back small writes.
         let _ = tcp.set_nodelay(true);
-        let (sender, driver) = http1::Builder::new()
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(UpstreamError::Http)?;
-        Ok(Box::new(Conn { sender, driver }))
+        Ok(Conn::new(tcp))
     }
 
-    /// The most recently used idle connection that is still open and ready, if any. Each one
-    /// is polled first: a connection the upstream closed while it sat idle reads its end of file
-    /// here and is dropped, so a request is not written into it.
-    pub(super) async fn checkout(&self) -> Option<Box<Conn>> {
+    /// The most recently used idle connection that is still open, if any. Each one is tried
+    /// first: a connection the upstream closed while it sat idle reads its end of file here and
+    /// is dropped, so a request is not written into it.
+    pub(super) fn checkout(&self) -> Option<Box<Conn>> {
         loop {
             let mut idle = self.lock().pop()?;
-            if idle.since.elapsed() > IDLE_TIMEOUT {
-                continue;
-            }
-            let ready = std::future::poll_fn(|cx| Poll::Ready(idle.conn.ready_for_next(cx))).await;
-            if ready {
+            if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.still_open() {
                 return Some(idle.conn);
             }
         }
     }
 
     /// Takes back a connection whose exchange ended cleanly, when it can carry another request.
-    pub(super) fn checkin(&self, mut conn: Box<Conn>, cx: &mut Context<'_>) {
-        if !conn.ready_for_next(cx) {
+    pub(super) fn checkin(&self, mut conn: Box<Conn>) {
+        if !conn.still_open() {
             return;
         }
         let now = Instant::now();

@@ -1,71 +1,76 @@
-//! One exchange on a connection: the request written and the response head awaited while the
-//! request's task drives the connection, then the response body read chunk by chunk the same
-//! way. A body that ends cleanly hands its connection back to the endpoint's pool; dropping the
+//! One exchange on a connection: the request written, the response head read and parsed, then
+//! the body read chunk by chunk inside the request's own task (no connection task, no hand-off).
+//! A body that ends cleanly hands its connection back to the endpoint's pool; dropping the
 //! response before that closes the connection, which is how the upstream learns that the client
 //! left (an engine stops generating).
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::Stream;
-use http_body_util::Full;
-use hyper::body::{Body, Incoming};
 
-use super::UpstreamError;
-use super::pool::{Conn, Endpoint};
+use super::pool::{Conn, Endpoint, Read};
+use super::wire::{self, Decoder, Framing, Step};
+use super::{Outgoing, UpstreamError};
 
-/// Writes `request` on `conn` and waits for the response head, driving the connection.
+/// Writes the request on `conn` and reads the response head.
 pub(super) async fn exchange(
     endpoint: Arc<Endpoint>,
     mut conn: Box<Conn>,
-    request: Request<Full<Bytes>>,
+    outgoing: &Outgoing<'_>,
 ) -> Result<UpstreamResponse, UpstreamError> {
-    let mut head = std::pin::pin!(conn.sender.send_request(request));
-    let mut open = true;
-    let response = std::future::poll_fn(|cx| {
-        loop {
-            if let Poll::Ready(r) = head.as_mut().poll(cx) {
-                return Poll::Ready(r);
-            }
-            if !open {
-                return Poll::Pending;
-            }
-            if !conn.poll_closed(cx) {
-                // Driving the connection may just have read the head: take it now rather
-                // than after a wake-up of the task.
-                return head.as_mut().poll(cx);
-            }
-            // Once the connection has ended, hyper has already answered the request future
-            // (with the response or the error that ended it); poll it again.
-            open = false;
-        }
-    })
-    .await?;
-    let (parts, body) = response.into_parts();
-    Ok(UpstreamResponse {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-        conn: open.then_some(conn),
+    let head = outgoing.head(endpoint.host_header())?;
+    conn.write(head, &outgoing.body)
+        .await
+        .map_err(|e| UpstreamError::io(e, false))?;
+    let head = std::future::poll_fn(|cx| poll_head(&mut conn, cx)).await?;
+    let mut response = UpstreamResponse {
+        status: head.status,
+        headers: head.headers,
+        length: match head.framing {
+            Framing::Length(n) => Some(n),
+            _ => None,
+        },
+        decoder: Decoder::new(head.framing),
+        keep_alive: head.keep_alive,
+        conn: Some(conn),
         endpoint,
-        ended: false,
-    })
+    };
+    response.settle();
+    Ok(response)
+}
+
+/// Reads until a whole response head is buffered, and parses it.
+fn poll_head(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<wire::Head, UpstreamError>> {
+    loop {
+        if !conn.buf.is_empty()
+            && let Some(head) = wire::parse_head(&mut conn.buf)?
+        {
+            return Poll::Ready(Ok(head));
+        }
+        let answered = conn.answered;
+        match ready!(conn.poll_read(cx)) {
+            Ok(Read::Bytes) => {}
+            Ok(Read::Closed) => return Poll::Ready(Err(UpstreamError::Closed { answered })),
+            Err(e) => return Poll::Ready(Err(UpstreamError::io(e, answered))),
+        }
+    }
 }
 
 /// An upstream response: its head, and its body still to read through the connection.
 pub struct UpstreamResponse {
     status: StatusCode,
     headers: HeaderMap,
-    body: Incoming,
+    /// The declared body length (`Content-Length`), if the body is sized.
+    length: Option<u64>,
+    decoder: Decoder,
+    keep_alive: bool,
     /// `None` once the connection has ended (or gone back to the pool).
     conn: Option<Box<Conn>>,
     endpoint: Arc<Endpoint>,
-    /// The body has been read whole.
-    ended: bool,
 }
 
 impl UpstreamResponse {
@@ -82,10 +87,10 @@ impl UpstreamResponse {
         std::mem::take(&mut self.headers)
     }
 
-    /// The body length the upstream declared, if any (read from the body, so it holds after
-    /// [`UpstreamResponse::take_headers`]).
+    /// The body length the upstream declared, if any (kept apart from the headers, so it holds
+    /// after [`UpstreamResponse::take_headers`]).
     pub fn content_length(&self) -> Option<u64> {
-        self.body.size_hint().exact()
+        self.length
     }
 
     /// The next body chunk; `None` at the end.
@@ -95,60 +100,72 @@ impl UpstreamResponse {
             .transpose()
     }
 
-    /// Polls for the next body chunk, moving the connection's I/O on while it waits.
+    /// Polls for the next body chunk, reading from the connection while it waits.
     pub fn poll_chunk(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, UpstreamError>>> {
-        if self.ended {
-            return Poll::Ready(None);
-        }
-        let mut driven = false;
         loop {
-            match Pin::new(&mut self.body).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) if !data.is_empty() => {
-                        if self.body.is_end_stream() {
-                            self.release(cx);
-                        }
-                        return Poll::Ready(Some(Ok(data)));
-                    }
-                    // Empty chunks and trailers carry nothing to pass on.
-                    _ => continue,
-                },
-                Poll::Ready(Some(Err(e))) => {
-                    self.conn = None;
-                    return Poll::Ready(Some(Err(UpstreamError::Http(e))));
+            if self.decoder.is_done() {
+                self.release();
+                return Poll::Ready(None);
+            }
+            let Some(conn) = self.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match self.decoder.step(&mut conn.buf) {
+                Ok(Step::Data(data)) => {
+                    self.settle();
+                    return Poll::Ready(Some(Ok(data)));
                 }
-                Poll::Ready(None) => {
-                    self.release(cx);
+                Ok(Step::End) => continue,
+                Ok(Step::NeedMore) => {}
+                Err(e) => return Poll::Ready(Some(Err(self.fail(e.into())))),
+            }
+            match ready!(conn.poll_read(cx)) {
+                Ok(Read::Bytes) => {}
+                Ok(Read::Closed) if self.decoder.ends_at_close() => {
+                    self.conn = None;
                     return Poll::Ready(None);
                 }
-                Poll::Pending => {}
+                Ok(Read::Closed) => {
+                    let e = UpstreamError::Closed { answered: true };
+                    return Poll::Ready(Some(Err(self.fail(e))));
+                }
+                Err(e) => {
+                    let e = UpstreamError::io(e, true);
+                    return Poll::Ready(Some(Err(self.fail(e))));
+                }
             }
-            if driven {
-                return Poll::Pending;
-            }
-            let closed = match self.conn.as_mut() {
-                Some(conn) => conn.poll_closed(cx),
-                None => return Poll::Pending,
-            };
-            if !closed {
-                // Driving the connection may just have handed the body its next bytes: look
-                // once more rather than after a wake-up of the task.
-                driven = true;
-                continue;
-            }
-            // The connection ended: the body now reads its end (or the error) at once.
-            self.conn = None;
         }
     }
 
+    /// Moves past a chunked body's buffered end, and gives the connection back once the body
+    /// has ended, so a response read to its last byte frees its connection at once.
+    fn settle(&mut self) {
+        if let Some(conn) = self.conn.as_mut()
+            && self.decoder.settle(&mut conn.buf).is_err()
+        {
+            // The error comes back on the next read (the decoder is where it was).
+            return;
+        }
+        if self.decoder.is_done() {
+            self.release();
+        }
+    }
+
+    /// The connection ends with an error; the body can read no further.
+    fn fail(&mut self, e: UpstreamError) -> UpstreamError {
+        self.conn = None;
+        e
+    }
+
     /// The body has ended: the connection goes back to the pool if it can carry another request.
-    fn release(&mut self, cx: &mut Context<'_>) {
-        self.ended = true;
-        if let Some(conn) = self.conn.take() {
-            self.endpoint.checkin(conn, cx);
+    fn release(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.keep_alive
+        {
+            self.endpoint.checkin(conn);
         }
     }
 }

@@ -245,3 +245,68 @@ fn addresses_parse_into_host_and_port() {
     assert!(Endpoint::parse("https://a:1").is_err());
     assert!(Endpoint::parse("http://").is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_delimited_by_close_is_read_to_the_end_and_its_connection_not_reused() {
+    const UNTIL_CLOSE: &str = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it";
+    let s = server(UNTIL_CLOSE, After::Close).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for _ in 0..3 {
+        let (status, body) = round_trip(&endpoint).await.expect("answered");
+        assert_eq!((status, body.as_slice()), (200, &b"all of it"[..]));
+    }
+    assert_eq!(endpoint.idle_count(), 0);
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 3);
+    assert_eq!(endpoint.stale_resends(), 0, "no connection was reused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interim_response_is_skipped_and_http_1_0_is_not_kept_alive() {
+    const INTERIM: &str =
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok";
+    let s = server(INTERIM, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for _ in 0..2 {
+        let (status, body) = round_trip(&endpoint).await.expect("answered");
+        assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
+    }
+    assert_eq!(
+        s.accepted.load(Ordering::SeqCst),
+        2,
+        "HTTP/1.0 without keep-alive closes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_response_is_an_error_that_reached_the_upstream() {
+    const BAD: &str = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nok";
+    let s = server(BAD, After::KeepAlive).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let e = round_trip(&endpoint)
+        .await
+        .expect_err("conflicting lengths");
+    assert!(matches!(e, UpstreamError::Malformed(_)), "{e}");
+    assert!(
+        !e.never_reached(),
+        "the upstream took the request: no resend"
+    );
+    assert_eq!(s.served.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_cut_short_by_the_upstream_is_an_error_not_an_end() {
+    const SHORT: &str = "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly";
+    let s = server(SHORT, After::Close).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let mut response = send(&endpoint, &outgoing()).await.expect("head arrived");
+    let mut got = Vec::new();
+    let end = loop {
+        match response.chunk().await {
+            Ok(Some(c)) => got.extend_from_slice(&c),
+            other => break other,
+        }
+    };
+    assert_eq!(got, b"only");
+    let e = end.expect_err("4 of 10 bytes is not a whole body");
+    assert!(!e.never_reached(), "{e}");
+}

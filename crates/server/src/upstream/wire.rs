@@ -1,0 +1,501 @@
+//! HTTP/1.1 on the wire for the upstream client, without I/O: the request head written in one
+//! buffer, the response head parsed with `httparse` (the parser hyper itself uses), the body's
+//! framing chosen as RFC 9112 section 6.3 orders it, and a decoder that hands out body bytes as
+//! they arrive (a chunked SSE stream is passed on event by event, not reassembled).
+//!
+//! Hand-written rather than hyper's client connection because the proxied path's cost was in
+//! that state machine (a quarter of the gateway's CPU per request at full speed); everything here
+//! is bounded: a response head of at most [`MAX_HEAD_BYTES`] and [`MAX_HEADERS`] fields, chunk
+//! size lines and trailers of at most [`MAX_HEAD_BYTES`].
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Largest response head (status line and fields) read; larger is a protocol error.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header fields a response head may carry.
+pub const MAX_HEADERS: usize = 128;
+
+/// A response the upstream sent that HTTP/1.1 does not allow.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Malformed(pub &'static str);
+
+/// The head of a request: request line, `host`, the forwarded headers and the body's length.
+pub fn request_head(
+    path: &str,
+    query: Option<&str>,
+    host: &HeaderValue,
+    headers: &HeaderMap,
+    body_len: usize,
+    out: &mut Vec<u8>,
+) {
+    out.extend_from_slice(b"POST ");
+    out.extend_from_slice(path.as_bytes());
+    if let Some(q) = query {
+        out.push(b'?');
+        out.extend_from_slice(q.as_bytes());
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(host.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(body_len.to_string().as_bytes());
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// Whether a query string may go into a request line as it is (visible ASCII, no `#`).
+pub fn valid_query(q: &str) -> bool {
+    q.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
+}
+
+/// How the response body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `Content-Length` bytes (0 for 1xx/204/304).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the upstream closes the connection.
+    Close,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// The connection may carry another request once this body has ended.
+    pub keep_alive: bool,
+}
+
+/// Parses a response head from the start of `buf`, taking it out of `buf` when complete.
+/// `Ok(None)`: more bytes are needed. Interim (1xx) responses are skipped.
+pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
+    loop {
+        // Uninitialised slots: a zeroed array of MAX_HEADERS fields per response costs more
+        // than parsing a short head.
+        let mut fields = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut []);
+        let parsed = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut response,
+            buf,
+            &mut fields,
+        );
+        let consumed = match parsed {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
+                return Err(Malformed("the upstream's response head is too large"));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(Malformed(
+                    "the upstream's response has too many header fields",
+                ));
+            }
+            Err(_) => return Err(Malformed("the upstream sent a malformed response head")),
+        };
+        let code = response.code.unwrap_or(0);
+        let status = StatusCode::from_u16(code)
+            .map_err(|_| Malformed("the upstream sent an invalid status code"))?;
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Malformed("the upstream switched protocols unasked"));
+        }
+        if status.is_informational() {
+            buf.advance(consumed);
+            continue;
+        }
+        let mut headers = HeaderMap::with_capacity(response.headers.len());
+        for f in response.headers.iter() {
+            let name = HeaderName::from_bytes(f.name.as_bytes())
+                .map_err(|_| Malformed("the upstream sent an invalid header name"))?;
+            let value = HeaderValue::from_bytes(f.value)
+                .map_err(|_| Malformed("the upstream sent an invalid header value"))?;
+            headers.append(name, value);
+        }
+        let framing = framing(status, &headers)?;
+        let http11 = response.version == Some(1);
+        let keep_alive = framing != Framing::Close
+            && if http11 {
+                !connection_has(&headers, "close")
+            } else {
+                connection_has(&headers, "keep-alive")
+            };
+        buf.advance(consumed);
+        return Ok(Some(Head {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// Whether the `Connection` header lists `token`.
+fn connection_has(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(axum::http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// The body's framing (RFC 9112 section 6.3): none for 204/304, chunked when it is the last
+/// transfer coding, until close for any other transfer coding, else the one `Content-Length`
+/// (several that disagree, or one that is not a number, are an error), else until close.
+fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, Malformed> {
+    use axum::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Length(0));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        return Ok(match last {
+            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+            _ => Framing::Close,
+        });
+    }
+    let mut length = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        for part in v.to_str().unwrap_or("x").split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(Malformed("the upstream sent an invalid content-length"));
+            }
+            let n: u64 = part
+                .parse()
+                .map_err(|_| Malformed("the upstream sent an invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Malformed("the upstream sent conflicting content-lengths"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length.map_or(Framing::Close, Framing::Length))
+}
+
+/// Where a body decoder is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// This many bytes of a sized body (or of the current chunk) are still to come.
+    Data {
+        left: u64,
+        chunked: bool,
+    },
+    /// The CRLF after a chunk's data.
+    ChunkEnd,
+    /// A chunk-size line.
+    ChunkSize,
+    /// Trailer fields after the last chunk, up to the empty line.
+    Trailers {
+        read: usize,
+    },
+    /// Bytes until the connection closes.
+    UntilClose,
+    Done,
+}
+
+/// What the decoder made of the bytes it has.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Body bytes to pass on.
+    Data(Bytes),
+    /// More bytes must be read first.
+    NeedMore,
+    /// The body has ended.
+    End,
+}
+
+/// Takes body bytes out of a connection's read buffer according to the framing.
+#[derive(Debug)]
+pub struct Decoder {
+    state: State,
+}
+
+impl Decoder {
+    pub fn new(framing: Framing) -> Decoder {
+        let state = match framing {
+            Framing::Length(0) => State::Done,
+            Framing::Length(n) => State::Data {
+                left: n,
+                chunked: false,
+            },
+            Framing::Chunked => State::ChunkSize,
+            Framing::Close => State::UntilClose,
+        };
+        Decoder { state }
+    }
+
+    /// Whether the body has been read to its end.
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// The next step over what `buf` holds (taking what it uses out of it).
+    pub fn step(&mut self, buf: &mut BytesMut) -> Result<Step, Malformed> {
+        self.run(buf, true)
+    }
+
+    /// Moves past what follows a chunk's data when it is already buffered (its CRLF, the last
+    /// chunk, the trailers), so a body whose end has arrived reports it without another read;
+    /// stops where data begins.
+    pub fn settle(&mut self, buf: &mut BytesMut) -> Result<(), Malformed> {
+        self.run(buf, false).map(|_| ())
+    }
+
+    fn run(&mut self, buf: &mut BytesMut, take_data: bool) -> Result<Step, Malformed> {
+        loop {
+            match self.state {
+                State::Done => return Ok(Step::End),
+                State::UntilClose | State::Data { .. } if !take_data => {
+                    return Ok(Step::NeedMore);
+                }
+                State::UntilClose => {
+                    if buf.is_empty() {
+                        return Ok(Step::NeedMore);
+                    }
+                    return Ok(Step::Data(buf.split().freeze()));
+                }
+                State::Data { left, chunked } => {
+                    if buf.is_empty() {
+                        return Ok(Step::NeedMore);
+                    }
+                    let n = (buf.len() as u64).min(left) as usize;
+                    let data = buf.split_to(n).freeze();
+                    let left = left - n as u64;
+                    self.state = match (left, chunked) {
+                        (0, false) => State::Done,
+                        (0, true) => State::ChunkEnd,
+                        (left, chunked) => State::Data { left, chunked },
+                    };
+                    return Ok(Step::Data(data));
+                }
+                State::ChunkEnd => {
+                    if buf.len() < 2 {
+                        return Ok(Step::NeedMore);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(Malformed("the upstream's chunk did not end with CRLF"));
+                    }
+                    buf.advance(2);
+                    self.state = State::ChunkSize;
+                }
+                State::ChunkSize => match httparse::parse_chunk_size(buf) {
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        buf.advance(used);
+                        self.state = if size == 0 {
+                            State::Trailers { read: 0 }
+                        } else {
+                            State::Data {
+                                left: size,
+                                chunked: true,
+                            }
+                        };
+                    }
+                    Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
+                        return Err(Malformed("the upstream's chunk-size line is too long"));
+                    }
+                    Ok(httparse::Status::Partial) => return Ok(Step::NeedMore),
+                    Err(_) => return Err(Malformed("the upstream sent an invalid chunk size")),
+                },
+                State::Trailers { read } => {
+                    let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+                        if read + buf.len() >= MAX_HEAD_BYTES {
+                            return Err(Malformed("the upstream's trailers are too large"));
+                        }
+                        return Ok(Step::NeedMore);
+                    };
+                    buf.advance(eol + 2);
+                    self.state = if eol == 0 {
+                        State::Done
+                    } else if read + eol + 2 >= MAX_HEAD_BYTES {
+                        return Err(Malformed("the upstream's trailers are too large"));
+                    } else {
+                        State::Trailers {
+                            read: read + eol + 2,
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// Whether the end of the connection's bytes is the end of this body (a close-delimited one).
+    pub fn ends_at_close(&self) -> bool {
+        self.state == State::UntilClose
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Result<Option<Head>, Malformed> {
+        parse_head(&mut BytesMut::from(text.as_bytes()))
+    }
+
+    fn body(framing: Framing, wire: &[u8], piece: usize) -> Result<Vec<u8>, Malformed> {
+        let mut d = Decoder::new(framing);
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut fed = 0;
+        loop {
+            match d.step(&mut buf)? {
+                Step::Data(b) => out.extend_from_slice(&b),
+                Step::End => return Ok(out),
+                Step::NeedMore if fed >= wire.len() => return Err(Malformed("ran out")),
+                Step::NeedMore => {
+                    let end = (fed + piece).min(wire.len());
+                    buf.extend_from_slice(&wire[fed..end]);
+                    fed = end;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_is_parsed_and_taken_out_of_the_buffer() {
+        let mut buf =
+            BytesMut::from(&b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: b\r\n\r\nok"[..]);
+        let h = parse_head(&mut buf).unwrap().unwrap();
+        assert_eq!(h.status, 200);
+        assert_eq!(h.framing, Framing::Length(2));
+        assert!(h.keep_alive);
+        assert_eq!(h.headers["x-a"], "b");
+        assert_eq!(&buf[..], b"ok");
+    }
+
+    #[test]
+    fn a_partial_head_asks_for_more_and_a_huge_one_is_refused() {
+        assert!(head("HTTP/1.1 200 OK\r\nContent-Le").unwrap().is_none());
+        let huge = format!("HTTP/1.1 200 OK\r\nX: {}", "a".repeat(MAX_HEAD_BYTES));
+        assert!(head(&huge).is_err());
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("x{i}: v\r\n"))
+            .collect();
+        assert!(head(&format!("HTTP/1.1 200 OK\r\n{many}\r\n")).is_err());
+    }
+
+    #[test]
+    fn interim_responses_are_skipped() {
+        let h =
+            head("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert_eq!(h.status, 201);
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let f = |t: &str| head(t).unwrap().unwrap().framing;
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n"),
+            Framing::Chunked
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            Framing::Close
+        );
+        assert_eq!(
+            f("HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n"),
+            Framing::Length(0)
+        );
+        assert_eq!(f("HTTP/1.1 200 OK\r\n\r\n"), Framing::Close);
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\nContent-Length: 3, 3\r\n\r\n"),
+            Framing::Length(3)
+        );
+        assert!(head("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n").is_err());
+        assert!(head("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n").is_err());
+        assert!(head("HTTP/1.1 200 OK\r\nContent-Length: +1\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection_header() {
+        let k = |t: &str| head(t).unwrap().unwrap().keep_alive;
+        assert!(!k(
+            "HTTP/1.1 200 OK\r\nConnection: Close\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!k("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(k(
+            "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(
+            !k("HTTP/1.1 200 OK\r\n\r\n"),
+            "a body until close ends the connection"
+        );
+    }
+
+    #[test]
+    fn bodies_decode_whatever_the_reads_split_them_into() {
+        let chunked = b"6\r\ndata: \r\n8;ext=1\r\n[DONE]\n\n\r\n0\r\nX-T: 1\r\n\r\n";
+        for piece in [1, 2, 3, 7, 100] {
+            assert_eq!(
+                body(Framing::Chunked, chunked, piece).unwrap(),
+                b"data: [DONE]\n\n",
+                "pieces of {piece}"
+            );
+            assert_eq!(body(Framing::Length(5), b"hello", piece).unwrap(), b"hello");
+        }
+        assert!(body(Framing::Chunked, b"zz\r\n", 10).is_err());
+        assert!(body(Framing::Chunked, b"2\r\nabXX0\r\n\r\n", 10).is_err());
+    }
+
+    #[test]
+    fn settle_reaches_the_end_of_a_buffered_chunked_body() {
+        let mut d = Decoder::new(Framing::Chunked);
+        let mut buf = BytesMut::from(&b"2\r\nok\r\n0\r\n\r\n"[..]);
+        assert_eq!(
+            d.step(&mut buf).unwrap(),
+            Step::Data(Bytes::from_static(b"ok"))
+        );
+        assert!(!d.is_done());
+        d.settle(&mut buf).unwrap();
+        assert!(d.is_done() && buf.is_empty());
+        // A next chunk that has begun is left for the next step.
+        let mut d = Decoder::new(Framing::Chunked);
+        let mut buf = BytesMut::from(&b"2\r\nok\r\n3\r\nab"[..]);
+        let _ = d.step(&mut buf).unwrap();
+        d.settle(&mut buf).unwrap();
+        assert_eq!(
+            d.step(&mut buf).unwrap(),
+            Step::Data(Bytes::from_static(b"ab"))
+        );
+    }
+
+    #[test]
+    fn the_request_head_names_host_and_length() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        let mut out = Vec::new();
+        request_head(
+            "/v1/chat/completions",
+            Some("a=1"),
+            &HeaderValue::from_static("127.0.0.1:8000"),
+            &headers,
+            12,
+            &mut out,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/chat/completions?a=1 HTTP/1.1\r\nhost: 127.0.0.1:8000\r\n\
+             content-type: application/json\r\ncontent-length: 12\r\n\r\n"
+        );
+        assert!(valid_query("a=1&b=%20"));
+        assert!(!valid_query("a=1 HTTP/1.1\r\nx: y"));
+    }
+}
