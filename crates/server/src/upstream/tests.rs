@@ -23,6 +23,9 @@ enum After {
     Close,
     /// Keeps the socket open a while without reading, then closes it (unread data: a reset).
     LingerUnread(Duration),
+    /// Reads the next request on the connection and closes it cleanly without an answer (a
+    /// keep-alive close that crossed the request on the wire).
+    CloseOnNext,
 }
 
 struct Server {
@@ -80,6 +83,11 @@ async fn server(reply: &'static str, after: After) -> Server {
                         After::Close => return,
                         After::LingerUnread(d) => {
                             tokio::time::sleep(d).await;
+                            return;
+                        }
+                        After::CloseOnNext => {
+                            let _ = read_request(&mut reader).await;
+                            let _ = reader.get_mut().shutdown().await;
                             return;
                         }
                     }
@@ -309,4 +317,19 @@ async fn a_body_cut_short_by_the_upstream_is_an_error_not_an_end() {
     assert_eq!(got, b"only");
     let e = end.expect_err("4 of 10 bytes is not a whole body");
     assert!(!e.never_reached(), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_closed_under_the_request_sends_it_again_on_a_fresh_one() {
+    let s = server(OK, After::CloseOnNext).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for i in 0..4 {
+        let (status, _) = round_trip(&endpoint)
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(status, 200);
+    }
+    // Requests 2-4 each met a connection that closed without an answer, and were sent again.
+    assert_eq!(endpoint.stale_resends(), 3);
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 4);
 }
