@@ -3,7 +3,9 @@
 //! slot back exactly once when dropped. Memory admission asks the [`Ledger`] (readings pushed in
 //! by [`Gate::push_memory_reading`], never a probe call).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::Map;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -66,13 +68,13 @@ struct Inner {
 struct State {
     lanes: Vec<LaneState>,
     total_inflight: usize,
-    engine: HashMap<String, EngineLoad>,
+    engine: Map<String, EngineLoad>,
     /// Per upstream URL: in-flight requests from every lane, and passive health.
-    health: HashMap<String, upstream::Health>,
+    health: Map<String, upstream::Health>,
     /// Waiters admitted by a dispatch that have not yet picked up their permit.
-    granted: HashMap<u64, Slot>,
+    granted: Map<u64, Slot>,
     /// Waiters refused by a dispatch (memory could not be read): id -> the refusal.
-    refused: HashMap<u64, Rejection>,
+    refused: Map<u64, Rejection>,
     draining: bool,
     ledger: Option<Ledger>,
     /// Per lane: measured job peaks and the learned need.

@@ -11,6 +11,10 @@ pub mod load;
 pub mod pressure;
 mod upstream;
 
+/// The gate's own maps (keyed by configured upstream addresses and permit ids, never by client
+/// input): a fast hasher, not SipHash, since every admission and release looks them up.
+pub(crate) type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 pub use admission::{
     AdmitRequest, Gate, GateSnapshot, LaneMemorySnapshot, LaneSnapshot, Permit, PoolSnapshot,
     UpstreamSnapshot,

@@ -6,7 +6,6 @@
 //! when it ends one request goes to it as a probe, and its outcome lets it back or ejects it
 //! again for longer.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -84,8 +83,8 @@ impl Health {
 /// first is used rather than refusing: its failure answers at once, and it is the next probe.
 pub(crate) fn choose(
     spec: &LaneSpec,
-    health: &HashMap<String, Health>,
-    engine: &HashMap<String, EngineLoad>,
+    health: &crate::Map<String, Health>,
+    engine: &crate::Map<String, EngineLoad>,
     now: Instant,
     exclude: &[usize],
 ) -> Option<usize> {
@@ -125,8 +124,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn failures_eject_with_doubling_backoff_and_a_probe_lets_back() {
         let spec = LaneSpec::new("t", &["http://a", "http://b"]);
-        let mut health: HashMap<String, Health> = HashMap::new();
-        let engine = HashMap::new();
+        let mut health: crate::Map<String, Health> = Default::default();
+        let engine = Default::default();
         let now = Instant::now();
         // Equal load: the first one. Two failures do not eject yet.
         assert_eq!(choose(&spec, &health, &engine, now, &[]), Some(0));

@@ -91,7 +91,9 @@ async fn connection(
             })
         }
     });
-    let conn = http1::Builder::new().serve_connection(TokioIo::new(tcp), service);
+    let conn = http1::Builder::new()
+        .writev(false)
+        .serve_connection(TokioIo::new(tcp), service);
     let mut conn = pin!(conn);
     let mut stopping = pin!(stop.closed());
     let mut draining = false;

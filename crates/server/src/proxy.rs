@@ -18,35 +18,7 @@ use crate::error::ApiError;
 use crate::telemetry::Telemetry;
 use crate::upstream::UpstreamResponse;
 
-/// Hop-by-hop headers (RFC 9110 section 7.6.1 and the older ones proxies still meet), and
-/// `expect`: the gateway has already read the body; the upstream gets it whole.
-fn hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "trailers"
-            | "transfer-encoding"
-            | "upgrade"
-            | "expect"
-    )
-}
-
-fn connection_listed(headers: &HeaderMap) -> Vec<String> {
-    headers
-        .get_all(axum::http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect()
-}
+use crate::upstream::wire::hop_by_hop;
 
 /// Removes the hop-by-hop headers, those the `Connection` header lists, and those `drop` names,
 /// in place (no second map is built).
@@ -65,14 +37,36 @@ fn strip(headers: &mut HeaderMap, drop: impl Fn(&str) -> bool) {
     }
 }
 
-/// Headers to send upstream: no hop-by-hop headers, no host or length, no gateway headers, and no
-/// client Authorization when the gateway itself checked it.
+/// Whether a client's header field crosses to the upstream: not hop-by-hop, not one the client's
+/// `Connection` header lists (`listed`, from [`connection_listed`]), no host or length (the
+/// upstream client writes its own), no gateway headers, and no client Authorization when the
+/// gateway itself checked it.
+pub fn crosses_upstream(name: &str, listed: &[String], drop_authorization: bool) -> bool {
+    !(hop_by_hop(name)
+        || name == "host"
+        || name == "content-length"
+        || name.starts_with("x-headroom-")
+        || (drop_authorization && name == "authorization")
+        || listed.iter().any(|l| l == name))
+}
+
+/// The header fields `connection` names (lowercase), each to be dropped at this hop.
+pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(axum::http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Headers to send upstream (the fields [`crosses_upstream`] passes), as a map.
 pub fn upstream_request_headers(mut incoming: HeaderMap, drop_authorization: bool) -> HeaderMap {
+    let listed = connection_listed(&incoming);
     strip(&mut incoming, |n| {
-        n == "host"
-            || n == "content-length"
-            || n.starts_with("x-headroom-")
-            || (drop_authorization && n == "authorization")
+        !crosses_upstream(n, &listed, drop_authorization)
     });
     incoming
 }

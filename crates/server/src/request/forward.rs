@@ -11,30 +11,36 @@ use headroom_gate::Permit;
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::proxy::{Flight, upstream_request_headers};
+use crate::proxy::{Flight, connection_listed, crosses_upstream};
 use crate::upstream::{self, Endpoint, Outgoing, UpstreamError, UpstreamResponse};
 
-/// The request as it goes upstream: the route's path with the client's query, the headers
-/// that cross the gateway (the lane's own key replacing the client's), and the body.
+/// The request as it goes upstream: the route's path with the client's query, the header
+/// fields that cross the gateway (the lane's own key replacing the client's) written once as
+/// the header block every attempt sends, and the body.
 pub(super) fn outgoing<'a>(
     s: &AppState,
     lane: Lane<'_>,
     route: Route,
     uri: &'a Uri,
-    incoming: HeaderMap,
+    incoming: &HeaderMap,
     body: Bytes,
 ) -> Outgoing<'a> {
-    let mut headers = upstream_request_headers(
-        incoming,
-        !s.config.api_keys.is_empty() || lane.config.upstream_api_key.is_some(),
-    );
+    let drop_authorization =
+        !s.config.api_keys.is_empty() || lane.config.upstream_api_key.is_some();
+    let listed = connection_listed(incoming);
+    let mut headers = Vec::with_capacity(256);
+    for (name, value) in incoming {
+        if crosses_upstream(name.as_str(), &listed, drop_authorization) {
+            upstream::wire::header_line(name.as_str(), value, &mut headers);
+        }
+    }
     if let Some(v) = lane
         .config
         .upstream_api_key
         .as_deref()
         .and_then(upstream::bearer)
     {
-        headers.insert(header::AUTHORIZATION, v);
+        upstream::wire::header_line(header::AUTHORIZATION.as_str(), &v, &mut headers);
     }
     Outgoing {
         path: route.path(),

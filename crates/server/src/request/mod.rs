@@ -135,7 +135,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let settled = preempt::settle(&s, &permit).await;
     let queue_wait = permit.queue_wait();
     let mut endpoint = forward::endpoint(&s, lane, &permit);
-    let outgoing = forward::outgoing(&s, lane, route, &parts.uri, parts.headers, forward_body);
+    let outgoing = forward::outgoing(&s, lane, route, &parts.uri, &parts.headers, forward_body);
     let mut flight = Flight::new(s.telemetry.clone(), arrival, permit);
     let response = loop {
         let send = forward::send(endpoint, &outgoing);

@@ -10,9 +10,7 @@ use tokio::time::Instant;
 use super::preempt::Waiter;
 use super::{Deadline, Lane};
 use crate::error::{ApiError, from_upstream};
-use crate::proxy::{
-    Flight, Passthrough, client_response_headers, header as hname, is_event_stream,
-};
+use crate::proxy::{Flight, Passthrough, header as hname, is_event_stream};
 use crate::upstream::UpstreamResponse;
 
 /// Largest upstream error body read to rewrite it into OpenAI's shape.
@@ -34,13 +32,14 @@ pub(super) async fn respond(
         return Err(from_upstream(status, &body));
     }
     let sse = is_event_stream(response.headers());
-    let length = response.headers().get(header::CONTENT_LENGTH).cloned();
-    let mut out_headers = client_response_headers(response.take_headers());
+    // The upstream client has already taken out the connection's own fields (hop-by-hop and
+    // framing): what is left crosses to the client.
+    let mut out_headers = response.take_headers();
     // Keep the upstream's length so the client gets the body as sent rather than re-chunked
     // (one write instead of a chunk and a terminator). Not for SSE: a stream cut short by the
     // deadline or a preemption ends with an extra error event of its own.
-    if !sse && let Some(len) = length {
-        out_headers.insert(header::CONTENT_LENGTH, len);
+    if !sse && let Some(len) = response.content_length() {
+        out_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
     out_headers.insert(
         hname("x-headroom-lane"),

@@ -13,7 +13,7 @@ pub mod wire;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::HeaderValue;
 use bytes::Bytes;
 
 pub use pool::Endpoint;
@@ -93,11 +93,12 @@ impl UpstreamError {
     }
 }
 
-/// One request to send: its target (path and query), headers and whole body.
+/// One request to send: its target (path and query), header fields (as lines, written with
+/// [`wire::header_line`]; no `host` or `content-length`, which the client writes) and whole body.
 pub struct Outgoing<'a> {
     pub path: &'static str,
     pub query: Option<&'a str>,
-    pub headers: HeaderMap,
+    pub headers: Vec<u8>,
     pub body: Bytes,
 }
 
@@ -109,7 +110,7 @@ impl Outgoing<'_> {
         {
             return Err(UpstreamError::BadTarget(q.to_string()));
         }
-        let mut head = Vec::with_capacity(256 + self.headers.len() * 48);
+        let mut head = Vec::with_capacity(128 + self.headers.len());
         wire::request_head(
             self.path,
             self.query,

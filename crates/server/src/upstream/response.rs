@@ -30,8 +30,9 @@ pub(super) async fn exchange(
     let mut response = UpstreamResponse {
         status: head.status,
         headers: head.headers,
+        // A 204/304 has no body whatever it declares, and no length to pass on.
         length: match head.framing {
-            Framing::Length(n) => Some(n),
+            Framing::Length(n) if !matches!(head.status.as_u16(), 204 | 304) => Some(n),
             _ => None,
         },
         decoder: Decoder::new(head.framing),

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::http::HeaderMap;
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -110,7 +109,7 @@ fn outgoing() -> Outgoing<'static> {
     Outgoing {
         path: "/v1/chat/completions",
         query: None,
-        headers: HeaderMap::new(),
+        headers: Vec::new(),
         body: Bytes::from_static(b"{\"model\":\"m\"}"),
     }
 }

@@ -21,12 +21,13 @@ pub const MAX_HEADERS: usize = 128;
 #[error("{0}")]
 pub struct Malformed(pub &'static str);
 
-/// The head of a request: request line, `host`, the forwarded headers and the body's length.
+/// The head of a request: request line, `host`, the forwarded header block (lines written by
+/// [`header_line`]) and the body's length.
 pub fn request_head(
     path: &str,
     query: Option<&str>,
     host: &HeaderValue,
-    headers: &HeaderMap,
+    header_block: &[u8],
     body_len: usize,
     out: &mut Vec<u8>,
 ) {
@@ -39,15 +40,18 @@ pub fn request_head(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
+    out.extend_from_slice(header_block);
     out.extend_from_slice(b"content-length: ");
     out.extend_from_slice(body_len.to_string().as_bytes());
     out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// One header field as a request head carries it (`HeaderValue` holds no CR or LF).
+pub fn header_line(name: &str, value: &HeaderValue, out: &mut Vec<u8>) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Whether a query string may go into a request line as it is (visible ASCII, no `#`).
@@ -67,13 +71,122 @@ pub enum Framing {
 }
 
 /// A parsed response head.
+/// A parsed response head.
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
+    /// The end-to-end fields, for the client: the hop-by-hop ones (RFC 9110 section 7.6.1, and
+    /// those `Connection` lists) and the framing (`content-length`, `transfer-encoding`) are
+    /// this connection's and were consumed here.
     pub headers: HeaderMap,
     pub framing: Framing,
     /// The connection may carry another request once this body has ended.
     pub keep_alive: bool,
+}
+
+/// Header fields that belong to one connection (RFC 9110 section 7.6.1, and the older ones
+/// proxies still meet), and `expect`: none crosses the gateway in either direction.
+pub fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "trailers"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+    )
+}
+
+/// What the connection-level fields of a head said, gathered while the others are kept.
+#[derive(Default)]
+struct Hop {
+    /// A `transfer-encoding` field was present, and whether its last coding is `chunked`.
+    transfer_encoding: Option<bool>,
+    /// The one `content-length` (or why there is none that can be used).
+    length: Option<Result<u64, Malformed>>,
+    close: bool,
+    keep_alive: bool,
+    /// Other fields `connection` names (dropped at the end of the head).
+    listed: Vec<String>,
+}
+
+impl Hop {
+    /// Takes a connection-level field; `false` for an end-to-end one.
+    fn take(&mut self, name: &HeaderName, value: &[u8]) -> bool {
+        let text = || std::str::from_utf8(value).unwrap_or("");
+        match name.as_str() {
+            "content-length" => {
+                self.length = Some(match self.length.take() {
+                    Some(Err(e)) => Err(e),
+                    earlier => content_length(text(), earlier.and_then(Result::ok)),
+                });
+            }
+            "transfer-encoding" => {
+                if let Some(last) = text().split(',').map(str::trim).rfind(|t| !t.is_empty()) {
+                    self.transfer_encoding = Some(last.eq_ignore_ascii_case("chunked"));
+                } else {
+                    self.transfer_encoding.get_or_insert(false);
+                }
+            }
+            "connection" => {
+                for token in text().split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                    if token.eq_ignore_ascii_case("close") {
+                        self.close = true;
+                    } else if token.eq_ignore_ascii_case("keep-alive") {
+                        self.keep_alive = true;
+                    } else {
+                        self.listed.push(token.to_ascii_lowercase());
+                    }
+                }
+            }
+            other => return hop_by_hop(other),
+        }
+        true
+    }
+
+    /// The body's framing (RFC 9112 section 6.3): none for 204/304, chunked when it is the last
+    /// transfer coding, until close for any other transfer coding, else the one `content-length`
+    /// (several that disagree, or one that is not a number, are an error), else until close.
+    fn framing(&mut self, status: StatusCode) -> Result<Framing, Malformed> {
+        if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Ok(Framing::Length(0));
+        }
+        match self.transfer_encoding {
+            Some(true) => return Ok(Framing::Chunked),
+            Some(false) => return Ok(Framing::Close),
+            None => {}
+        }
+        match self.length.take() {
+            Some(Ok(n)) => Ok(Framing::Length(n)),
+            Some(Err(e)) => Err(e),
+            None => Ok(Framing::Close),
+        }
+    }
+}
+
+/// A `content-length` value (a list of equal numbers is one), checked against an earlier one.
+fn content_length(value: &str, earlier: Option<u64>) -> Result<u64, Malformed> {
+    let mut length = earlier;
+    for part in value.split(',') {
+        let part = part.trim();
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(Malformed("the upstream sent an invalid content-length"));
+        }
+        let n: u64 = part
+            .parse()
+            .map_err(|_| Malformed("the upstream sent an invalid content-length"))?;
+        if length.is_some_and(|l| l != n) {
+            return Err(Malformed("the upstream sent conflicting content-lengths"));
+        }
+        length = Some(n);
+    }
+    length.ok_or(Malformed("the upstream sent an invalid content-length"))
 }
 
 /// Parses a response head from the start of `buf`, taking it out of `buf` when complete.
@@ -112,22 +225,25 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
             buf.advance(consumed);
             continue;
         }
+        let mut hop = Hop::default();
         let mut headers = HeaderMap::with_capacity(response.headers.len());
         for f in response.headers.iter() {
             let name = HeaderName::from_bytes(f.name.as_bytes())
                 .map_err(|_| Malformed("the upstream sent an invalid header name"))?;
+            if hop.take(&name, f.value) {
+                continue;
+            }
             let value = HeaderValue::from_bytes(f.value)
                 .map_err(|_| Malformed("the upstream sent an invalid header value"))?;
             headers.append(name, value);
         }
-        let framing = framing(status, &headers)?;
+        for name in &hop.listed {
+            headers.remove(name.as_str());
+        }
+        let framing = hop.framing(status)?;
         let http11 = response.version == Some(1);
-        let keep_alive = framing != Framing::Close
-            && if http11 {
-                !connection_has(&headers, "close")
-            } else {
-                connection_has(&headers, "keep-alive")
-            };
+        let keep_alive =
+            framing != Framing::Close && if http11 { !hop.close } else { hop.keep_alive };
         buf.advance(consumed);
         return Ok(Some(Head {
             status,
@@ -136,56 +252,6 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
             keep_alive,
         }));
     }
-}
-
-/// Whether the `Connection` header lists `token`.
-fn connection_has(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get_all(axum::http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
-/// The body's framing (RFC 9112 section 6.3): none for 204/304, chunked when it is the last
-/// transfer coding, until close for any other transfer coding, else the one `Content-Length`
-/// (several that disagree, or one that is not a number, are an error), else until close.
-fn framing(status: StatusCode, headers: &HeaderMap) -> Result<Framing, Malformed> {
-    use axum::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok(Framing::Length(0));
-    }
-    if headers.contains_key(TRANSFER_ENCODING) {
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked,
-            _ => Framing::Close,
-        });
-    }
-    let mut length = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        for part in v.to_str().unwrap_or("x").split(',') {
-            let part = part.trim();
-            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(Malformed("the upstream sent an invalid content-length"));
-            }
-            let n: u64 = part
-                .parse()
-                .map_err(|_| Malformed("the upstream sent an invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Malformed("the upstream sent conflicting content-lengths"));
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length.map_or(Framing::Close, Framing::Length))
 }
 
 /// Where a body decoder is.
@@ -380,6 +446,25 @@ mod tests {
     }
 
     #[test]
+    fn connection_level_fields_are_consumed_and_the_rest_kept() {
+        let h = head(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n\
+             Transfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\nServer: e\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        let mut names: Vec<&str> = h.headers.keys().map(|k| k.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-type", "server"]);
+        assert_eq!(h.framing, Framing::Chunked);
+        assert!(h.keep_alive);
+        let h = head("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: d\r\n\r\nok")
+            .unwrap()
+            .unwrap();
+        assert!(!h.headers.contains_key("content-length") && h.headers.contains_key("date"));
+    }
+
+    #[test]
     fn a_partial_head_asks_for_more_and_a_huge_one_is_refused() {
         assert!(head("HTTP/1.1 200 OK\r\nContent-Le").unwrap().is_none());
         let huge = format!("HTTP/1.1 200 OK\r\nX: {}", "a".repeat(MAX_HEAD_BYTES));
@@ -479,14 +564,18 @@ mod tests {
 
     #[test]
     fn the_request_head_names_host_and_length() {
-        let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        let mut block = Vec::new();
+        header_line(
+            "content-type",
+            &HeaderValue::from_static("application/json"),
+            &mut block,
+        );
         let mut out = Vec::new();
         request_head(
             "/v1/chat/completions",
             Some("a=1"),
             &HeaderValue::from_static("127.0.0.1:8000"),
-            &headers,
+            &block,
             12,
             &mut out,
         );
