@@ -20,23 +20,6 @@ use crate::upstream::UpstreamResponse;
 
 use crate::upstream::wire::hop_by_hop;
 
-/// Removes the hop-by-hop headers, those the `Connection` header lists, and those `drop` names,
-/// in place (no second map is built).
-fn strip(headers: &mut HeaderMap, drop: impl Fn(&str) -> bool) {
-    let listed = connection_listed(headers);
-    let doomed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| {
-            let n = name.as_str();
-            hop_by_hop(n) || listed.iter().any(|l| l == n) || drop(n)
-        })
-        .cloned()
-        .collect();
-    for name in doomed {
-        headers.remove(name);
-    }
-}
-
 /// Whether a client's header field crosses to the upstream: not hop-by-hop, not one the client's
 /// `Connection` header lists (`listed`, from [`connection_listed`]), no host or length (the
 /// upstream client writes its own), no gateway headers, and no client Authorization when the
@@ -60,21 +43,6 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
         .map(|s| s.trim().to_ascii_lowercase())
         .filter(|s| !s.is_empty())
         .collect()
-}
-
-/// Headers to send upstream (the fields [`crosses_upstream`] passes), as a map.
-pub fn upstream_request_headers(mut incoming: HeaderMap, drop_authorization: bool) -> HeaderMap {
-    let listed = connection_listed(&incoming);
-    strip(&mut incoming, |n| {
-        !crosses_upstream(n, &listed, drop_authorization)
-    });
-    incoming
-}
-
-/// Headers to send back to the client from an upstream response.
-pub fn client_response_headers(mut upstream: HeaderMap) -> HeaderMap {
-    strip(&mut upstream, |n| n == "content-length");
-    upstream
 }
 
 /// One admitted request's bookkeeping: outcome counted and permit released exactly once, on
@@ -360,14 +328,20 @@ mod tests {
         ] {
             h.append(k, HeaderValue::from_static(v));
         }
-        let out = upstream_request_headers(h.clone(), true);
-        let mut names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
-        names.sort_unstable();
-        assert_eq!(names, vec!["content-type", "openai-organization"]);
-        let with_auth = upstream_request_headers(h.clone(), false);
-        assert!(with_auth.contains_key("authorization"));
-        let back = client_response_headers(h);
-        assert!(!back.contains_key("transfer-encoding") && !back.contains_key("x-secret"));
-        assert!(back.contains_key("content-type"));
+        let listed = connection_listed(&h);
+        let crossing = |drop_authorization: bool| {
+            let mut names: Vec<&str> = h
+                .keys()
+                .map(|k| k.as_str())
+                .filter(|n| crosses_upstream(n, &listed, drop_authorization))
+                .collect();
+            names.sort_unstable();
+            names
+        };
+        assert_eq!(crossing(true), vec!["content-type", "openai-organization"]);
+        assert_eq!(
+            crossing(false),
+            vec!["authorization", "content-type", "openai-organization"]
+        );
     }
 }
