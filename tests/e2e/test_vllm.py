@@ -266,7 +266,11 @@ def test_a_client_that_leaves_mid_stream_ends_the_vllm_request(vllm, gateway):
                 seen.append(line)
                 if '"content":"' in line:
                     stamps.append(time.monotonic())
-                    if len(stamps) == 6:
+                    # The rate is read over at least 0.25 s of events: on a loaded box vLLM's
+                    # output handler falls behind and several events arrive in one burst, which
+                    # would read as thousands of tokens per second (a measurement, taken again
+                    # over more events; the assertion below is unchanged).
+                    if len(stamps) >= 6 and (stamps[-1] - stamps[0] >= 0.25 or len(stamps) >= 40):
                         break
             running = vllm_gauges(vllm)["vllm:num_requests_running"]
             assert running == 1, f"the generation should be running in vLLM: {running}, {seen}"
@@ -275,7 +279,7 @@ def test_a_client_that_leaves_mid_stream_ends_the_vllm_request(vllm, gateway):
     # Not stopped, vLLM would generate the rest of the 400 tokens at the rate just seen: the
     # running count must drop long before that (a small part of it, at most 5 s: a loaded 2-core
     # box stalls for a second or more).
-    rate = 5 / max(stamps[-1] - stamps[0], 1e-3)
+    rate = (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-3)
     rest = (400 - len(stamps)) / rate
     limit = min(5.0, rest / 4)
     assert limit >= 1.0, f"generation too fast ({rate:.0f} tokens/s) to tell an abort from the end"
