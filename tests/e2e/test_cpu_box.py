@@ -125,7 +125,9 @@ def test_a_client_that_leaves_mid_stream_frees_the_llama_slot(gateway):
                 lines.append(line)
                 if '"content":"' in line:
                     stamps.append(time.monotonic())
-                    if len(stamps) == 9:
+                    # The rate is read over at least 0.25 s of events (a burst of events that
+                    # arrived together would read as thousands of tokens per second).
+                    if len(stamps) >= 9 and (stamps[-1] - stamps[0] >= 0.25 or len(stamps) >= 60):
                         break
             assert slots_busy() >= 1, f"the generation should be running in llama.cpp: {lines}"
         # Leaving the block closes the connection mid-stream.
@@ -135,7 +137,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_llama_slot(gateway):
     # limit is half of it, and at most 20 s. Quiet, the slot is free in 0.1-0.3 s; llama.cpp reads
     # the cancel only between two decode steps, and on a loaded 2-core box one step can take
     # seconds (2.6 s seen beside a release build, 5.1 s in a loaded CI run).
-    rate = 8 / max(stamps[-1] - stamps[0], 1e-3)
+    rate = (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-3)
     rest = (2000 - len(stamps)) / rate
     limit = min(20.0, rest / 2)
     assert limit >= 1.0, f"generation too fast ({rate:.0f} tokens/s) to tell a freed slot from a finished one"
