@@ -51,3 +51,25 @@ def terminate(proc, timeout: float) -> None:
 def stop_serve(proc, cfg_path: str) -> None:
     terminate(proc, 15)
     os.unlink(cfg_path)
+
+
+def read_token_events(lines, min_events: int, max_events: int, span: float = 0.25):
+    """Reads a chat stream's lines until it has seen at least `min_events` content events over
+    at least `span` seconds (or `max_events` of them). Returns (lines seen, event times).
+
+    The rate is read over a span, not a count: on a loaded box an engine's output handler falls
+    behind and several events arrive in one burst, which would read as thousands of tokens per
+    second. The caller keeps the iterator alive; the stream stays open."""
+    seen, stamps = [], []
+    for line in lines:
+        seen.append(line)
+        if '"content":"' in line:
+            stamps.append(time.monotonic())
+            if len(stamps) >= min_events and (stamps[-1] - stamps[0] >= span or len(stamps) >= max_events):
+                break
+    return seen, stamps
+
+
+def token_rate(stamps) -> float:
+    """Events per second over the times read by `read_token_events`."""
+    return (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-3)

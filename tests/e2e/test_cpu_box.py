@@ -17,7 +17,7 @@ import time
 import httpx
 import openai
 import pytest
-from gateway import start_serve, stop_serve
+from gateway import read_token_events, start_serve, stop_serve, token_rate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FOX = ROOT / "tests" / "data" / "audio" / "fox.wav"
@@ -120,15 +120,9 @@ def test_a_client_that_leaves_mid_stream_frees_the_llama_slot(gateway):
             assert r.status_code == 200
             # Keep the line iterator alive: dropping it would close the stream early.
             stream = r.iter_lines()
-            lines, stamps = [], []
-            for line in stream:
-                lines.append(line)
-                if '"content":"' in line:
-                    stamps.append(time.monotonic())
-                    # The rate is read over at least 0.25 s of events (a burst of events that
-                    # arrived together would read as thousands of tokens per second).
-                    if len(stamps) >= 9 and (stamps[-1] - stamps[0] >= 0.25 or len(stamps) >= 60):
-                        break
+            # Over at least 0.25 s of events (a burst that arrived together would read as
+            # thousands of tokens per second).
+            lines, stamps = read_token_events(stream, 9, 60)
             assert slots_busy() >= 1, f"the generation should be running in llama.cpp: {lines}"
         # Leaving the block closes the connection mid-stream.
     left = time.monotonic()
@@ -137,7 +131,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_llama_slot(gateway):
     # limit is half of it, and at most 20 s. Quiet, the slot is free in 0.1-0.3 s; llama.cpp reads
     # the cancel only between two decode steps, and on a loaded 2-core box one step can take
     # seconds (2.6 s seen beside a release build, 5.1 s in a loaded CI run).
-    rate = (len(stamps) - 1) / max(stamps[-1] - stamps[0], 1e-3)
+    rate = token_rate(stamps)
     rest = (2000 - len(stamps)) / rate
     limit = min(20.0, rest / 2)
     assert limit >= 1.0, f"generation too fast ({rate:.0f} tokens/s) to tell a freed slot from a finished one"
