@@ -160,6 +160,8 @@ pub struct LaneConfig {
     /// requests waits, before it is forwarded, for the lane's engines to report them stopped
     /// (zero: it does not wait). An engine reads a cancel only between two decode steps.
     pub preempt_settle: Duration,
+    /// The lane's name as the `x-headroom-lane` response value, built once.
+    pub lane_header: axum::http::HeaderValue,
 }
 
 impl LaneConfig {
@@ -845,7 +847,10 @@ fn lane_config(
     if spec.request_timeout.is_zero() {
         return Err(key_err(k("request_timeout"), "must be longer than 0"));
     }
+    let lane_header = axum::http::HeaderValue::from_str(&spec.name)
+        .unwrap_or(axum::http::HeaderValue::from_static("?"));
     Ok(LaneConfig {
+        lane_header,
         spec,
         paths: raw.paths,
         models: raw.models,

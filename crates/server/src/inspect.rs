@@ -55,6 +55,125 @@ struct Fields {
     input: Option<Value>,
 }
 
+/// A key of a JSON object, matched as it is read: serde's `Cow<str>` always builds a `String`,
+/// one allocation per key of every request.
+struct Ident<K>(K);
+
+impl<'de, K: for<'a> From<&'a str>> serde::Deserialize<'de> for Ident<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Ident<K>, D::Error> {
+        struct V<K>(std::marker::PhantomData<K>);
+        impl<'de, K: for<'a> From<&'a str>> serde::de::Visitor<'de> for V<K> {
+            type Value = Ident<K>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<Ident<K>, E> {
+                Ok(Ident(K::from(key)))
+            }
+        }
+        d.deserialize_identifier(V(std::marker::PhantomData))
+    }
+}
+
+/// The keys of a request body that admission reads.
+enum FieldKey {
+    Model,
+    Stream,
+    MaxTokens,
+    MaxCompletionTokens,
+    Messages,
+    Prompt,
+    Input,
+    Other,
+}
+
+impl From<&str> for FieldKey {
+    fn from(key: &str) -> FieldKey {
+        match key {
+            "model" => FieldKey::Model,
+            "stream" => FieldKey::Stream,
+            "max_tokens" => FieldKey::MaxTokens,
+            "max_completion_tokens" => FieldKey::MaxCompletionTokens,
+            "messages" => FieldKey::Messages,
+            "prompt" => FieldKey::Prompt,
+            "input" => FieldKey::Input,
+            _ => FieldKey::Other,
+        }
+    }
+}
+
+/// The keys of a chat message that admission reads.
+enum MessageKey {
+    Role,
+    Content,
+    Other,
+}
+
+impl From<&str> for MessageKey {
+    fn from(key: &str) -> MessageKey {
+        match key {
+            "role" => MessageKey::Role,
+            "content" => MessageKey::Content,
+            _ => MessageKey::Other,
+        }
+    }
+}
+
+/// A message's `role` as read: one of [`CHAT_ROLES`] (no string is built for it), another
+/// string (its first 40 characters, for the error), `null`, or another kind of value.
+#[derive(Debug, PartialEq)]
+enum Role {
+    Known(&'static str),
+    Unknown(String),
+    Null,
+    NotString,
+}
+
+impl<'de> serde::Deserialize<'de> for Role {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Role;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, role: &str) -> Result<Role, E> {
+                Ok(match CHAT_ROLES.iter().find(|known| **known == role) {
+                    Some(known) => Role::Known(known),
+                    None => Role::Unknown(role.chars().take(40).collect()),
+                })
+            }
+            fn visit_unit<E>(self) -> Result<Role, E> {
+                Ok(Role::Null)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Role, E> {
+                Ok(Role::NotString)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Role, E> {
+                Ok(Role::NotString)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Role, E> {
+                Ok(Role::NotString)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Role, E> {
+                Ok(Role::NotString)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Role, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Role::NotString)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Role, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Role::NotString)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 /// `messages`: an array (the content of each element that is an object), or anything else.
 enum Messages {
     List(Vec<Content>),
@@ -74,19 +193,19 @@ impl<'de> serde::Deserialize<'de> for Fields {
                 mut map: A,
             ) -> Result<Fields, A::Error> {
                 let mut out = Fields::default();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    let slot = match key.as_ref() {
-                        "model" => &mut out.model,
-                        "stream" => &mut out.stream,
-                        "max_tokens" => &mut out.max_tokens,
-                        "max_completion_tokens" => &mut out.max_completion_tokens,
-                        "prompt" => &mut out.prompt,
-                        "input" => &mut out.input,
-                        "messages" => {
+                while let Some(Ident(key)) = map.next_key::<Ident<FieldKey>>()? {
+                    let slot = match key {
+                        FieldKey::Model => &mut out.model,
+                        FieldKey::Stream => &mut out.stream,
+                        FieldKey::MaxTokens => &mut out.max_tokens,
+                        FieldKey::MaxCompletionTokens => &mut out.max_completion_tokens,
+                        FieldKey::Prompt => &mut out.prompt,
+                        FieldKey::Input => &mut out.input,
+                        FieldKey::Messages => {
                             out.messages = Some(map.next_value::<Messages>()?);
                             continue;
                         }
-                        _ => {
+                        FieldKey::Other => {
                             map.next_value::<serde::de::IgnoredAny>()?;
                             continue;
                         }
@@ -112,7 +231,8 @@ impl<'de> serde::Deserialize<'de> for Messages {
                 self,
                 mut seq: A,
             ) -> Result<Messages, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(256));
+                // serde_json gives no size hint; most chats hold a few messages.
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(4).min(256));
                 while let Some(m) = seq.next_element::<Content>()? {
                     out.push(m);
                 }
@@ -156,7 +276,7 @@ impl<'de> serde::Deserialize<'de> for Messages {
 #[derive(Default)]
 struct Content {
     object: bool,
-    role: Option<Value>,
+    role: Option<Role>,
     content: Option<Value>,
 }
 
@@ -176,11 +296,11 @@ impl<'de> serde::Deserialize<'de> for Content {
                     object: true,
                     ..Content::default()
                 };
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    match key.as_ref() {
-                        "content" => out.content = Some(map.next_value::<Value>()?),
-                        "role" => out.role = Some(map.next_value::<Value>()?),
-                        _ => {
+                while let Some(Ident(key)) = map.next_key::<Ident<MessageKey>>()? {
+                    match key {
+                        MessageKey::Content => out.content = Some(map.next_value::<Value>()?),
+                        MessageKey::Role => out.role = Some(map.next_value::<Role>()?),
+                        MessageKey::Other => {
                             map.next_value::<serde::de::IgnoredAny>()?;
                         }
                     }
@@ -219,6 +339,13 @@ impl<'de> serde::Deserialize<'de> for Content {
 
 /// Nesting depth of a JSON text, ignoring brackets inside strings. Stops counting past `limit`.
 pub fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
+    // Nesting never exceeds the number of opening brackets: a body with few of them (nearly
+    // every request) is cleared by this count, which the compiler vectorises, without the
+    // byte-by-byte walk below.
+    let opening = bytes.iter().filter(|&&b| b == b'[' || b == b'{').count();
+    if opening <= limit {
+        return false;
+    }
     let mut depth = 0usize;
     let mut in_string = false;
     let mut escaped = false;
@@ -473,34 +600,34 @@ fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
             ));
         }
         let role = match &m.role {
-            Some(Value::String(r)) => r.as_str(),
-            None | Some(Value::Null) => {
+            Some(Role::Known(r)) => *r,
+            None | Some(Role::Null) => {
                 return Err(ApiError::bad_request(
                     "missing_field",
                     Some(&format!("messages[{i}].role")),
                     format!("`messages[{i}].role` is required"),
                 ));
             }
-            Some(_) => {
+            Some(Role::NotString) => {
                 return Err(ApiError::bad_request(
                     "invalid_type",
                     Some(&format!("messages[{i}].role")),
                     format!("`messages[{i}].role` must be a string"),
                 ));
             }
+            Some(Role::Unknown(role)) => {
+                return Err(ApiError::bad_request(
+                    "invalid_value",
+                    Some(&format!("messages[{i}].role")),
+                    format!(
+                        "`messages[{i}].role` is `{role}`; it must be one of {}",
+                        CHAT_ROLES.join(", ")
+                    ),
+                ));
+            }
         };
-        if !CHAT_ROLES.contains(&role) {
-            return Err(ApiError::bad_request(
-                "invalid_value",
-                Some(&format!("messages[{i}].role")),
-                format!(
-                    "`messages[{i}].role` is `{}`; it must be one of {}",
-                    role.chars().take(40).collect::<String>(),
-                    CHAT_ROLES.join(", ")
-                ),
-            ));
-        }
-        let content_param = format!("messages[{i}].content");
+        // Named only in an error: formatted when one is returned.
+        let content_param = || format!("messages[{i}].content");
         match &m.content {
             Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
@@ -512,8 +639,8 @@ fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
                     if !typed {
                         return Err(ApiError::bad_request(
                             "invalid_type",
-                            Some(&format!("{content_param}[{j}]")),
-                            format!("`{content_param}[{j}]` must be an object with a `type`"),
+                            Some(&format!("{}[{j}]", content_param())),
+                            format!("`{}[{j}]` must be an object with a `type`", content_param()),
                         ));
                     }
                 }
@@ -523,15 +650,18 @@ fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
             None | Some(Value::Null) => {
                 return Err(ApiError::bad_request(
                     "missing_field",
-                    Some(&content_param),
-                    format!("`{content_param}` is required for the `{role}` role"),
+                    Some(&content_param()),
+                    format!("`{}` is required for the `{role}` role", content_param()),
                 ));
             }
             Some(_) => {
                 return Err(ApiError::bad_request(
                     "invalid_type",
-                    Some(&content_param),
-                    format!("`{content_param}` must be a string or a list of content parts"),
+                    Some(&content_param()),
+                    format!(
+                        "`{}` must be a string or a list of content parts",
+                        content_param()
+                    ),
                 ));
             }
         }
@@ -614,6 +744,69 @@ mod tests {
         });
         let e = parse_json(JsonRoute::Chat, bad.to_string().as_bytes()).unwrap_err();
         assert_eq!(e.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+
+    #[test]
+    fn depth_counts_nesting_not_brackets() {
+        // Many brackets side by side are shallow: the bracket count alone cannot refuse them.
+        let wide = format!("[{}]", vec!["[]"; 200].join(","));
+        assert!(!json_depth_exceeds(wide.as_bytes(), 3));
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        assert!(json_depth_exceeds(deep.as_bytes(), 64));
+        assert!(!json_depth_exceeds(deep.as_bytes(), 65));
+        // Exactly at the count: the count clears it without the walk.
+        let at = format!("{}{}", "[".repeat(64), "]".repeat(64));
+        assert!(!json_depth_exceeds(at.as_bytes(), 64));
+    }
+
+    #[test]
+    fn roles_are_read_whatever_their_json_shape() {
+        let chat = |messages: &str| format!(r#"{{"model":"m","messages":{messages}}}"#);
+        // An escaped role is the same role.
+        assert!(
+            parse_json(
+                JsonRoute::Chat,
+                chat(r#"[{"role":"us\u0065r","content":"hi"}]"#).as_bytes()
+            )
+            .is_ok()
+        );
+        // A later duplicate key wins, as in a full parse.
+        assert!(
+            parse_json(
+                JsonRoute::Chat,
+                chat(r#"[{"role":"wizard","role":"user","content":"hi"}]"#).as_bytes()
+            )
+            .is_ok()
+        );
+        for (messages, code) in [
+            (r#"[{"role":null,"content":"hi"}]"#, "missing_field"),
+            (r#"[{"role":["user"],"content":"hi"}]"#, "invalid_type"),
+            (r#"[{"role":{"user":1},"content":"hi"}]"#, "invalid_type"),
+            (r#"[{"role":true,"content":"hi"}]"#, "invalid_type"),
+            (
+                r#"[{"role":"user","role":"wizard","content":"hi"}]"#,
+                "invalid_value",
+            ),
+        ] {
+            let e = parse_json(JsonRoute::Chat, chat(messages).as_bytes()).unwrap_err();
+            assert_eq!(
+                (e.status, e.code.as_str()),
+                (StatusCode::BAD_REQUEST, code),
+                "{messages}"
+            );
+        }
+        // The message names the unknown role, cut to 40 characters.
+        let long = "w".repeat(100);
+        let e = parse_json(
+            JsonRoute::Chat,
+            chat(&format!(r#"[{{"role":"{long}","content":"hi"}}]"#)).as_bytes(),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains(&format!("`{}`", "w".repeat(40))),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -3,14 +3,14 @@
 //! passed through chunk by chunk under the deadline and preemption.
 
 use axum::body::Body;
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderName, HeaderValue, header};
 use axum::response::Response;
 use tokio::time::Instant;
 
 use super::preempt::Waiter;
 use super::{Deadline, Lane};
 use crate::error::{ApiError, from_upstream};
-use crate::proxy::{Flight, Passthrough, header as hname, is_event_stream};
+use crate::proxy::{Flight, Passthrough, is_event_stream};
 use crate::upstream::UpstreamResponse;
 
 /// Largest upstream error body read to rewrite it into OpenAI's shape.
@@ -42,11 +42,11 @@ pub(super) async fn respond(
         out_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
     out_headers.insert(
-        hname("x-headroom-lane"),
-        HeaderValue::from_str(lane.name()).unwrap_or(HeaderValue::from_static("?")),
+        const { HeaderName::from_static(crate::app::LANE_HEADER) },
+        lane.config.lane_header.clone(),
     );
     out_headers.insert(
-        hname("x-headroom-queue-wait-ms"),
+        const { HeaderName::from_static("x-headroom-queue-wait-ms") },
         HeaderValue::from(queue_wait.as_millis() as u64),
     );
     // A sized, non-SSE body that arrived whole with its head (the common case for a short

@@ -226,25 +226,33 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
             continue;
         }
         let mut hop = Hop::default();
-        let mut headers = HeaderMap::with_capacity(response.headers.len());
+        // The end-to-end fields, each a name and where its value lies in the head: the values
+        // are taken as slices of the head's own bytes below, not copied one by one.
+        let start = buf.as_ptr() as usize;
+        let mut kept = Vec::with_capacity(response.headers.len());
         for f in response.headers.iter() {
             let name = HeaderName::from_bytes(f.name.as_bytes())
                 .map_err(|_| Malformed("the upstream sent an invalid header name"))?;
             if hop.take(&name, f.value) {
                 continue;
             }
-            let value = HeaderValue::from_bytes(f.value)
+            let at = f.value.as_ptr() as usize - start;
+            kept.push((name, at..at + f.value.len()));
+        }
+        let framing = hop.framing(status)?;
+        let http11 = response.version == Some(1);
+        let keep_alive =
+            framing != Framing::Close && if http11 { !hop.close } else { hop.keep_alive };
+        let raw = buf.split_to(consumed).freeze();
+        let mut headers = HeaderMap::with_capacity(kept.len());
+        for (name, range) in kept {
+            let value = HeaderValue::from_maybe_shared(raw.slice(range))
                 .map_err(|_| Malformed("the upstream sent an invalid header value"))?;
             headers.append(name, value);
         }
         for name in &hop.listed {
             headers.remove(name.as_str());
         }
-        let framing = hop.framing(status)?;
-        let http11 = response.version == Some(1);
-        let keep_alive =
-            framing != Framing::Close && if http11 { !hop.close } else { hop.keep_alive };
-        buf.advance(consumed);
         return Ok(Some(Head {
             status,
             headers,
