@@ -201,6 +201,21 @@ def test_the_gateway_reads_the_metric_names_this_vllm_exposes(vllm, gateway):
     assert snap["metrics_age_seconds"] is not None and snap["metrics_age_seconds"] < 5
 
 
+def vllm_rate(url: str) -> float:
+    """vLLM's generation rate through `url`, in tokens per second, from one timed request."""
+    t0 = time.monotonic()
+    r = httpx.post(url, json=long_generation(32), timeout=180)
+    elapsed = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    return r.json()["usage"]["completion_tokens"] / max(elapsed, 1e-3)
+
+
+def tokens_for(rate: float, seconds: float, lo: int, hi: int) -> int:
+    n = max(lo, min(hi, math.ceil(rate * seconds)))
+    print(f"vLLM generates {rate:.0f} tokens/s: the first request asks for {n} tokens")
+    return n
+
+
 def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, gateway):
     url = f"{gateway}/v1/chat/completions"
     results: dict = {}
@@ -215,9 +230,11 @@ def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, ga
         return t
 
     # The first request must outlast the four waits below (each follows a 200 ms scrape): 200
-    # tokens ended before the hold was seen on a fast CI machine. The prompt, the chat template and
-    # 440 tokens fit vLLM's 512-token context.
-    first_tokens = 440
+    # tokens ended before the hold was seen on a fast CI machine, and this VM ran vLLM at 8-12
+    # tokens/s. vLLM's rate is measured first, and the first request asks for about 10 s of
+    # tokens: at least 150, and at most 440 (prompt, chat template and 440 fit the 512-token
+    # context), so a slow box's third request still leaves the gateway's 120 s queue in time.
+    first_tokens = tokens_for(vllm_rate(url), seconds=10, lo=150, hi=440)
     first = send("first", first_tokens)
     wait_for("vLLM running the first request, as the gateway reads it",
              lambda: (text_lane(gateway)["upstreams"][0]["running"] or 0) >= 1, 60)
@@ -236,17 +253,22 @@ def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, ga
     held = wait_for("the gateway queueing the third request",
                     lambda: text_lane(gateway)["queued"] >= 1, 10)
     assert held
-    samples = []
-    while "first" not in results and len(samples) < 10:
+    samples, ended = [], None
+    while len(samples) < 10:
+        if "first" in results:
+            ended = f"the first request's answer arrived: {results['first'][0]}"
+            break
         lane, own = text_lane(gateway), vllm_gauges(vllm)
         if lane["inflight"] < 2 or own["vllm:num_requests_waiting"] < 1:
             # The first request has ended in vLLM (its client may not have read the last bytes
             # yet): the second runs, vLLM's queue is empty, and the hold is over.
+            ended = (f"gateway inflight {lane['inflight']}, queued {lane['queued']}; vLLM waiting "
+                     f"{own['vllm:num_requests_waiting']}, running {own['vllm:num_requests_running']}")
             break
         samples.append((lane["queued"], lane["inflight"], own["vllm:num_requests_waiting"]))
         time.sleep(0.1)
     print("held while the first ran (gateway queued, gateway inflight, vLLM waiting):", samples[:5], "…")
-    assert samples, "the first request ended before the hold could be observed"
+    assert samples, f"the hold ended before it could be observed ({ended})"
     assert all(q == 1 and i == 2 and w == 1 for q, i, w in samples), samples
     for t in (first, second, third):
         t.join(timeout=180)
