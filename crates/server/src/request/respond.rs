@@ -47,7 +47,11 @@ pub(super) async fn respond(
     );
     out_headers.insert(
         const { HeaderName::from_static("x-headroom-queue-wait-ms") },
-        HeaderValue::from(queue_wait.as_millis() as u64),
+        match queue_wait.as_millis() {
+            // Nearly every request waits no whole millisecond: no number to format.
+            0 => HeaderValue::from_static("0"),
+            ms => HeaderValue::from(ms as u64),
+        },
     );
     // A sized, non-SSE body that arrived whole with its head (the common case for a short
     // completion) goes to the client as one buffer, the flight done, instead of through the

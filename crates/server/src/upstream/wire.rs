@@ -189,6 +189,9 @@ fn content_length(value: &str, earlier: Option<u64>) -> Result<u64, Malformed> {
     length.ok_or(Malformed("the upstream sent an invalid content-length"))
 }
 
+/// Fields the gateway may add to a response head it passes on.
+const EXTRA_FIELDS: usize = 6;
+
 /// Parses a response head from the start of `buf`, taking it out of `buf` when complete.
 /// `Ok(None)`: more bytes are needed. Interim (1xx) responses are skipped.
 pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
@@ -244,7 +247,9 @@ pub fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, Malformed> {
         let keep_alive =
             framing != Framing::Close && if http11 { !hop.close } else { hop.keep_alive };
         let raw = buf.split_to(consumed).freeze();
-        let mut headers = HeaderMap::with_capacity(kept.len());
+        // Room for the fields the gateway adds to the client's response (length, lane, queue
+        // wait, ...): a map grown past its capacity rehashes on the next insert.
+        let mut headers = HeaderMap::with_capacity(kept.len() + EXTRA_FIELDS);
         for (name, range) in kept {
             let value = HeaderValue::from_maybe_shared(raw.slice(range))
                 .map_err(|_| Malformed("the upstream sent an invalid header value"))?;
