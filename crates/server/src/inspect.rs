@@ -55,6 +55,55 @@ struct Fields {
     input: Option<Value>,
 }
 
+/// The visits of a JSON value of a kind a visitor below does not read: the value is consumed
+/// (arrays and objects skipped by the parser, nothing built) and `$out` stands for it.
+/// `scalars`: booleans and numbers; `text`: strings and null; `seq` / `map`: arrays / objects.
+macro_rules! visit_as {
+    (scalars => $out:expr) => {
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+    };
+    (text => $out:expr) => {
+        fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok($out)
+        }
+    };
+    (seq<$de:lifetime> => $out:expr) => {
+        fn visit_seq<A: serde::de::SeqAccess<$de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok($out)
+        }
+    };
+    (map<$de:lifetime> => $out:expr) => {
+        fn visit_map<A: serde::de::MapAccess<$de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            while map
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok($out)
+        }
+    };
+}
+
 /// A key of a JSON object, matched as it is read: serde's `Cow<str>` always builds a `String`,
 /// one allocation per key of every request.
 struct Ident<K>(K);
@@ -146,29 +195,9 @@ impl<'de> serde::Deserialize<'de> for Role {
             fn visit_unit<E>(self) -> Result<Role, E> {
                 Ok(Role::Null)
             }
-            fn visit_bool<E>(self, _: bool) -> Result<Role, E> {
-                Ok(Role::NotString)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Role, E> {
-                Ok(Role::NotString)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Role, E> {
-                Ok(Role::NotString)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Role, E> {
-                Ok(Role::NotString)
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Role, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Role::NotString)
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Role, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(Role::NotString)
-            }
+            visit_as!(scalars => Role::NotString);
+            visit_as!(seq<'de> => Role::NotString);
+            visit_as!(map<'de> => Role::NotString);
         }
         d.deserialize_any(V)
     }
@@ -238,34 +267,9 @@ impl<'de> serde::Deserialize<'de> for Messages {
                 }
                 Ok(Messages::List(out))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Messages, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(Messages::Other)
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
-                Ok(Messages::Other)
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
-                Ok(Messages::Other)
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
-                Ok(Messages::Other)
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
-                Ok(Messages::Other)
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Messages, E> {
-                Ok(Messages::Other)
-            }
-            fn visit_unit<E>(self) -> Result<Messages, E> {
-                Ok(Messages::Other)
-            }
+            visit_as!(map<'de> => Messages::Other);
+            visit_as!(scalars => Messages::Other);
+            visit_as!(text => Messages::Other);
         }
         d.deserialize_any(V)
     }
@@ -307,31 +311,9 @@ impl<'de> serde::Deserialize<'de> for Content {
                 }
                 Ok(out)
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Content, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Content::default())
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Content, E> {
-                Ok(Content::default())
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Content, E> {
-                Ok(Content::default())
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Content, E> {
-                Ok(Content::default())
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Content, E> {
-                Ok(Content::default())
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Content, E> {
-                Ok(Content::default())
-            }
-            fn visit_unit<E>(self) -> Result<Content, E> {
-                Ok(Content::default())
-            }
+            visit_as!(seq<'de> => Content::default());
+            visit_as!(scalars => Content::default());
+            visit_as!(text => Content::default());
         }
         d.deserialize_any(V)
     }
