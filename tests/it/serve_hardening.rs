@@ -493,11 +493,7 @@ async fn an_upstream_redirect_is_passed_back_not_followed() {
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let up = serve_app(app).await;
     let toml = format!(
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{up}\"]\n"
     );
@@ -569,5 +565,67 @@ async fn a_hung_replicas_metrics_stale_only_that_replica() {
     assert_eq!(r.status(), 200);
     assert!(up.log.get("served").is_some());
     drop(hung);
+    g.shutdown().await.unwrap();
+}
+
+/// A metrics endpoint that answers after `delay`, with vLLM's gauges: 3 waiting, 1 running.
+async fn slow_vllm_metrics(delay: Duration) -> String {
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || async move {
+            tokio::time::sleep(delay).await;
+            "vllm:num_requests_waiting{model_name=\"m\"} 3\nvllm:num_requests_running{model_name=\"m\"} 1\n"
+        }),
+    );
+    serve_app(app).await
+}
+
+/// Serves `app` on a free loopback port; its base URL.
+async fn serve_app(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_engines_slow_metrics_are_still_read() {
+    let _serial = SERIAL.lock().await;
+    // vLLM on this CPU answered /metrics in 100–1,200 ms while it generated (p50 113 ms, a
+    // quarter over 200 ms): a scrape bounded by a 100 ms interval never got a reading from it.
+    let engine = slow_vllm_metrics(Duration::from_millis(400)).await;
+    let lane = format!(
+        "[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{engine}\"]\nmax_inflight = 4\nengine = \"vllm\"\nengine_max_waiting = 8\nengine_metrics_stale_after = \"10s\"\n"
+    );
+    let waiting = |s: &Value| crate::serve::lane(s, "text")["upstreams"][0]["waiting"].as_f64();
+    let (c, default) = (
+        client(),
+        "listen = \"127.0.0.1:0\"\nscrape_interval = \"100ms\"\n",
+    );
+    // The default timeout (2 s) waits for the answer: the reading arrives.
+    let g = gateway(&format!("{default}{lane}")).await;
+    let b = base(&g);
+    let mut seen = None;
+    for _ in 0..100 {
+        seen = waiting(&crate::serve::admin(&c, &b).await);
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        seen,
+        Some(3.0),
+        "no reading of a /metrics that answers in 400 ms"
+    );
+    g.shutdown().await.unwrap();
+    // A timeout shorter than the answer, set on purpose, gets none (what the interval-bound
+    // timeout did for every slow engine).
+    let g = gateway(&format!("{default}scrape_timeout = \"100ms\"\n{lane}")).await;
+    let b = base(&g);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(waiting(&crate::serve::admin(&c, &b).await), None);
     g.shutdown().await.unwrap();
 }

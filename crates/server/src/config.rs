@@ -185,6 +185,10 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     pub max_header_bytes: usize,
     pub scrape_interval: Duration,
+    /// How long one read of an engine's metrics may take. Apart from `scrape_interval`: a busy
+    /// engine answers `/metrics` slowly exactly when its queue matters (vLLM on a loaded CPU took
+    /// 100–1,200 ms while generating), and a reading that lands late is still a reading.
+    pub scrape_timeout: Duration,
     /// Threads that run the gateway's request handling (`headroom serve`'s async runtime).
     pub worker_threads: usize,
     /// The `[memory]` table (defaults: NVML device 0, no capacity cap, no margin).
@@ -208,6 +212,7 @@ struct RawConfig {
     shutdown_grace: Option<String>,
     max_header_bytes: Option<toml::Value>,
     scrape_interval: Option<String>,
+    scrape_timeout: Option<String>,
     worker_threads: Option<i64>,
     memory: Option<MemoryTable>,
     balancer: Option<crate::balancer::BalancerTable>,
@@ -391,9 +396,10 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
 }
 
 /// Keys whose values are duration strings.
-const DURATION_KEYS: [&str; 7] = [
+const DURATION_KEYS: [&str; 8] = [
     "shutdown_grace",
     "scrape_interval",
+    "scrape_timeout",
     "queue_timeout",
     "request_timeout",
     "max_yield",
@@ -478,13 +484,25 @@ impl ServeConfig {
             raw.shutdown_grace.as_ref(),
             Duration::from_secs(30),
         )?;
+        // A scrape more often than this, or given less time, reads the engine to no purpose.
+        let scrape_floor = Duration::from_millis(50);
         let scrape_interval = duration(
             "scrape_interval",
             raw.scrape_interval.as_ref(),
             Duration::from_secs(1),
         )?;
-        if scrape_interval < Duration::from_millis(50) {
-            return Err(key_err("scrape_interval", "must be at least 50ms"));
+        let scrape_timeout = duration(
+            "scrape_timeout",
+            raw.scrape_timeout.as_ref(),
+            Duration::from_secs(2),
+        )?;
+        for (key, value) in [
+            ("scrape_interval", scrape_interval),
+            ("scrape_timeout", scrape_timeout),
+        ] {
+            if value < scrape_floor {
+                return Err(key_err(key, "must be at least 50ms"));
+            }
         }
         let max_header_bytes = match &raw.max_header_bytes {
             None => 16 * 1024,
@@ -515,6 +533,7 @@ impl ServeConfig {
             shutdown_grace,
             max_header_bytes,
             scrape_interval,
+            scrape_timeout,
             worker_threads,
             memory,
             balancer,
@@ -891,8 +910,10 @@ api_keys = []
 shutdown_grace = "30s"
 # Requests whose headers together exceed this get 431.
 max_header_bytes = "16KiB"
-# How often engine /metrics are read.
+# How often engine /metrics are read, and how long one read may take (a busy engine answers
+# slowly; the next read starts when this one has ended).
 scrape_interval = "1s"
+scrape_timeout = "2s"
 # Threads handling requests. One serves tens of thousands of proxied requests a second (far more
 # than the engines behind it answer) and, like an nginx worker, keeps each request on one core
 # with no hand-off between threads; tokenizer counts run on a separate blocking pool.
@@ -1021,6 +1042,9 @@ policy = "queue"
         assert_eq!(audio.spec.queue_timeout, Duration::from_secs(30));
         assert_eq!(audio.spec.policy, Policy::Queue);
         assert!(c.api_keys.is_empty());
+        // A read of an engine's metrics gets 2 s whatever the interval (1 s by default).
+        assert_eq!(c.scrape_interval, Duration::from_secs(1));
+        assert_eq!(c.scrape_timeout, Duration::from_secs(2));
     }
 
     #[test]
@@ -1037,6 +1061,7 @@ policy = "queue"
             "shutdown_grace",
             "max_header_bytes",
             "scrape_interval",
+            "scrape_timeout",
             "worker_threads",
             "probe",
             "device",
@@ -1149,6 +1174,14 @@ policy = "queue"
                 "fallback",
             ),
             ("listen = \"127.0.0.1:1\"", "lanes"),
+            (
+                "scrape_interval = \"10ms\"\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
+                "scrape_interval",
+            ),
+            (
+                "scrape_timeout = \"10ms\"\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
+                "scrape_timeout",
+            ),
             (
                 "[[lanes]]\nname=\"t\"\npaths=[\"/v1/audio/transcriptions\"]\nupstreams=[\"http://a:1\"]\ngpu_memory_per_audio_second=\"1MiB\"",
                 "max_audio_seconds",

@@ -211,6 +211,7 @@ impl Gateway {
                 state.gate.clone(),
                 state.telemetry.clone(),
                 state.config.scrape_interval,
+                state.config.scrape_timeout,
             )));
         }
         let pausing = pause::pausing_lanes(&state.gate, &state.config.lanes);

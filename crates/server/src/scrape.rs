@@ -125,15 +125,16 @@ pub(crate) async fn scrape_once(
     timeout: Duration,
 ) -> Option<EngineLoad> {
     let url = format!("{}{}", t.upstream, t.metrics_path);
+    // One bound for the whole read, head and body: `timeout` is what one read may take.
     let get = |url: String| async move {
-        let resp = tokio::time::timeout(timeout, client.get(url).send())
-            .await
-            .ok()?
-            .ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        tokio::time::timeout(timeout, resp.text()).await.ok()?.ok()
+        let read = async {
+            let resp = client.get(url).send().await.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            resp.text().await.ok()
+        };
+        tokio::time::timeout(timeout, read).await.ok().flatten()
     };
     if let Some(text) = get(url).await
         && let Some(load) = parse_engine_metrics(t.kind, &text, Instant::now())
@@ -147,7 +148,8 @@ pub(crate) async fn scrape_once(
     None
 }
 
-/// Reads every target's metrics every `interval`, forever. Each target runs on its own timer,
+/// Reads every target's metrics every `interval`, forever, each read allowed `timeout` (a slow
+/// read delays that target's next one). Each target runs on its own timer,
 /// concurrently with the others, so one hung replica delays and stales only its own reading;
 /// a failed scrape leaves that replica's last reading to go stale (which the gate treats as
 /// saturated for that replica unless the lane says fail-open).
@@ -157,10 +159,11 @@ pub async fn scrape_loop(
     gate: Gate,
     telemetry: Arc<Telemetry>,
     interval: Duration,
+    timeout: Duration,
 ) {
     let loops = targets
         .iter()
-        .map(|t| scrape_target_loop(&client, t, &gate, &telemetry, interval));
+        .map(|t| scrape_target_loop(&client, t, &gate, &telemetry, interval, timeout));
     futures_util::future::join_all(loops).await;
 }
 
@@ -170,13 +173,14 @@ async fn scrape_target_loop(
     gate: &Gate,
     telemetry: &Telemetry,
     interval: Duration,
+    timeout: Duration,
 ) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let labels = [("upstream", t.upstream.as_str())];
     loop {
         tick.tick().await;
-        if let Some(load) = scrape_once(client, t, interval).await {
+        if let Some(load) = scrape_once(client, t, timeout).await {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
