@@ -228,14 +228,12 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let service = self.admitted_at.elapsed();
+        let now = Instant::now();
+        let service = now.saturating_duration_since(self.admitted_at);
         let mut st = self.inner.lock();
         if let Some(ok) = self.upstream_ok {
             let url = &self.inner.specs[self.lane].upstreams[self.upstream];
-            st.health
-                .entry(url.clone())
-                .or_default()
-                .record(ok, Instant::now());
+            st.health.entry(url.clone()).or_default().record(ok, now);
         }
         let slot = Slot {
             upstream: self.upstream,
@@ -245,7 +243,7 @@ impl Drop for Permit {
             stopped: Vec::new(),
         };
         self.inner
-            .release_locked(&mut st, self.lane, slot, Some(service));
+            .release_locked(&mut st, self.lane, slot, Some(service), now);
         self.inner.dispatch_locked(&mut st);
     }
 }
@@ -267,7 +265,8 @@ impl Drop for WaitGuard<'_> {
         let mut st = self.inner.lock();
         st.refused.remove(&self.id);
         if let Some(slot) = st.granted.remove(&self.id) {
-            self.inner.release_locked(&mut st, self.lane, slot, None);
+            self.inner
+                .release_locked(&mut st, self.lane, slot, None, Instant::now());
         } else {
             let lane = &mut st.lanes[self.lane];
             if let Some(pos) = lane.queue.iter().position(|w| w.id == self.id) {
@@ -552,7 +551,7 @@ impl Gate {
         let notify = Arc::new(Notify::new());
         {
             let mut st = inner.lock();
-            let now = Instant::now();
+            let now = enqueued_at;
             let fifo_blocked = !st.lanes[lane].queue.is_empty();
             let verdict = if fifo_blocked {
                 // Arrivals wait behind those already queued; say why the head is waiting.
@@ -565,7 +564,7 @@ impl Gate {
             match verdict {
                 Ok(upstream) => {
                     let slot = inner.take_slot(&mut st, lane, upstream, now, id, &request);
-                    return Ok(inner.permit(lane, slot, Duration::ZERO));
+                    return Ok(inner.permit(lane, slot, Duration::ZERO, now));
                 }
                 Err(reason) => {
                     let queue_full = st.lanes[lane].queue.len() >= spec.max_queue;
@@ -619,7 +618,8 @@ impl Gate {
             let mut st = inner.lock();
             if let Some(slot) = st.granted.remove(&id) {
                 guard.armed = false;
-                return Ok(inner.permit(lane, slot, enqueued_at.elapsed()));
+                let now = Instant::now();
+                return Ok(inner.permit(lane, slot, now - enqueued_at, now));
             }
             if let Some(rejection) = st.refused.remove(&id) {
                 guard.armed = false;
@@ -736,7 +736,13 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn permit(self: &Arc<Self>, lane: usize, slot: Slot, queue_wait: Duration) -> Permit {
+    fn permit(
+        self: &Arc<Self>,
+        lane: usize,
+        slot: Slot,
+        queue_wait: Duration,
+        admitted_at: Instant,
+    ) -> Permit {
         Permit {
             inner: self.clone(),
             lane,
@@ -747,7 +753,7 @@ impl Inner {
             stopped: slot.stopped,
             upstream_ok: None,
             tried: Vec::new(),
-            admitted_at: Instant::now(),
+            admitted_at,
             queue_wait,
         }
     }
@@ -825,7 +831,14 @@ impl Inner {
         }
     }
 
-    fn release_locked(&self, st: &mut State, lane: usize, slot: Slot, service: Option<Duration>) {
+    fn release_locked(
+        &self,
+        st: &mut State,
+        lane: usize,
+        slot: Slot,
+        service: Option<Duration>,
+        now: Instant,
+    ) {
         let upstream = slot.upstream;
         if let Some((device, id)) = slot.reservation {
             self.release_memory(st, device, id);
@@ -840,7 +853,7 @@ impl Inner {
             h.released();
         }
         let ls = &mut st.lanes[lane];
-        ls.last_release = Some(Instant::now());
+        ls.last_release = Some(now);
         if let Some(sample) = service {
             ls.mean_service = Some(match ls.mean_service {
                 None => sample,
@@ -942,6 +955,10 @@ impl Inner {
 
     /// Admits queued requests, highest-priority lanes first, while they fit.
     fn dispatch_locked(&self, st: &mut State) {
+        // The clock is read only when someone waits (most releases find every queue empty).
+        if st.lanes.iter().all(|l| l.queue.is_empty()) {
+            return;
+        }
         let now = Instant::now();
         for &lane in &self.by_priority {
             while let Some(head) = st.lanes[lane].queue.front() {

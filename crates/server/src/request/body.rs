@@ -76,11 +76,13 @@ where
     }
 }
 
-/// Reads the whole body under the widest cap and deadline of the candidate lanes.
+/// Reads the whole body under the widest cap and deadline (counted from the request's
+/// `arrival`) of the candidate lanes.
 pub(super) async fn read(
     body: Body,
     headers: &HeaderMap,
     targets: &Targets<'_>,
+    arrival: tokio::time::Instant,
 ) -> Result<Bytes, ApiError> {
     let read_cap = targets.widest(|l| l.max_body_bytes);
     let declared = headers
@@ -125,7 +127,12 @@ pub(super) async fn read(
         }
         Ok(())
     };
-    match tokio::time::timeout(read_deadline, read).await {
+    // A timeout too far away to be an instant cannot run out.
+    let outcome = match arrival.checked_add(read_deadline) {
+        Some(at) => tokio::time::timeout_at(at, read).await,
+        None => Ok(read.await),
+    };
+    match outcome {
         Ok(Ok(())) => Ok(match first {
             Some(whole) => whole,
             None => buf.freeze(),

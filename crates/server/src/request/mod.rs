@@ -107,7 +107,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let arrival = Instant::now();
     let (parts, body) = req.into_parts();
     let targets = lane::candidates(&s.config, route, &parts.headers)?;
-    let bytes = body::read(body, &parts.headers, &targets).await?;
+    let bytes = body::read(body, &parts.headers, &targets, arrival).await?;
     let mut facts = validate::inspect(route, &parts.headers, &bytes)?;
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
