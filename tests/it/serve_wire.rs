@@ -1,6 +1,7 @@
 //! What `headroom serve` puts on the wire, read from a raw TCP socket: a reply the upstream sized
 //! keeps its `content-length` (it is not re-chunked) and reaches the client whole when it arrives
-//! in parts, a stream stays chunked, and the per-lane metric handles count what happened.
+//! in parts, a stream stays chunked, the per-lane metric handles count what happened, and one
+//! connection carries pipelined requests across the fast path and hyper in order.
 
 use std::time::Duration;
 
@@ -34,6 +35,16 @@ async fn raw_post(addr: std::net::SocketAddr, path: &str, body: &str) -> (String
     (head, all[split + 4..].to_vec())
 }
 
+/// A gateway with one chat lane in front of `upstream` (four in flight).
+async fn one_lane_gateway(upstream: &str) -> headroom_server::Running {
+    let toml = format!(
+        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{upstream}\"]\nmax_inflight = 4\n"
+    );
+    headroom_server::spawn(ServeConfig::from_toml(&toml).unwrap(), None)
+        .await
+        .unwrap()
+}
+
 fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
@@ -43,13 +54,7 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sized_reply_keeps_its_length_and_a_stream_stays_chunked() {
     let up = serve_upstream::start().await;
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 4\n",
-        up.url()
-    );
-    let g = headroom_server::spawn(ServeConfig::from_toml(&toml).unwrap(), None)
-        .await
-        .unwrap();
+    let g = one_lane_gateway(&up.url()).await;
     let chat = |stream: bool| {
         format!(
             r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
@@ -154,12 +159,7 @@ async fn split_reply_upstream(body: &'static str, pause: Duration) -> std::net::
 async fn a_sized_reply_that_arrives_in_parts_reaches_the_client_whole() {
     const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"first half, then the second half"},"finish_reason":"stop"}]}"#;
     let up = split_reply_upstream(ANSWER, Duration::from_millis(100)).await;
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"http://{up}\"]\nmax_inflight = 4\n"
-    );
-    let g = headroom_server::spawn(ServeConfig::from_toml(&toml).unwrap(), None)
-        .await
-        .unwrap();
+    let g = one_lane_gateway(&format!("http://{up}")).await;
     let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
     // Twice: the second request goes out on the pooled connection the first one left.
     for _ in 0..2 {
@@ -172,5 +172,92 @@ async fn a_sized_reply_that_arrives_in_parts_reaches_the_client_whole() {
         );
         assert_eq!(String::from_utf8_lossy(&body), ANSWER);
     }
+    g.shutdown().await.unwrap();
+}
+
+/// Reads `n` content-length-framed responses from `s`; each is (head lower-cased, body).
+fn read_responses(s: &mut std::net::TcpStream, n: usize) -> Vec<(String, String)> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let mut out = Vec::new();
+    while out.len() < n {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = header(&head, "content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("a sized response: {head}"));
+            if buf.len() >= end + 4 + len {
+                let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned();
+                buf.drain(..end + 4 + len);
+                out.push((head, body));
+                continue;
+            }
+        }
+        let got = s
+            .read(&mut chunk)
+            .unwrap_or_else(|e| panic!("response {} of {n} did not come: {e}", out.len() + 1));
+        assert!(
+            got > 0,
+            "the gateway closed after {} of {n} responses",
+            out.len()
+        );
+        buf.extend_from_slice(&chunk[..got]);
+    }
+    assert!(buf.is_empty(), "nothing more than {n} responses");
+    out
+}
+
+/// One connection carries requests the fast path serves (two pipelined in one write), then one
+/// it hands to hyper (a `GET` in the same write), and the answers come back in order; a body
+/// sent after its head (it is hyper's, read with its timeout) is answered too, and so is a whole
+/// request after it on the same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_and_a_handover_to_hyper_share_one_connection() {
+    use std::io::Write;
+    let up = serve_upstream::start().await;
+    let g = one_lane_gateway(&up.url()).await;
+    let addr = g.addr;
+    let post = |content: &str| {
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}]}}"#);
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let (one, two) = (post("one"), post("two"));
+    let split = post("three");
+    let after = post("four");
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let all = format!("{one}{two}GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n");
+        s.write_all(all.as_bytes()).unwrap();
+        let answers = read_responses(&mut s, 3);
+        for (head, body) in &answers[..2] {
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            assert!(body.contains("chat.completion"), "{body}");
+        }
+        let (head, body) = &answers[2];
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(body, r#"{"status":"ok"}"#);
+
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let at = split.find("\r\n\r\n").unwrap() + 4;
+        s.write_all(&split.as_bytes()[..at]).unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+        s.write_all(&split.as_bytes()[at..]).unwrap();
+        let (head, body) = read_responses(&mut s, 1).remove(0);
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(body.contains("chat.completion"), "{body}");
+        s.write_all(after.as_bytes()).unwrap();
+        let (head, _) = read_responses(&mut s, 1).remove(0);
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+    })
+    .await
+    .unwrap();
     g.shutdown().await.unwrap();
 }

@@ -10,7 +10,7 @@ pub mod balancer;
 pub mod config;
 pub mod error;
 pub mod inspect;
-mod listen;
+pub mod listen;
 pub mod memory_config;
 pub mod memory_feed;
 pub mod multipart;

@@ -1,5 +1,6 @@
 //! Fuzz harnesses (stable Rust, proptest) for the gateway's readers of untrusted input: the
-//! request inspector, multipart forms, the audio container probes and the Prometheus text reader.
+//! request inspector, multipart forms, the audio container probes, the Prometheus text reader,
+//! the upstream client's response reader and the fast path's request-head reader.
 //! See fuzz/README.md.
 
 #[path = "../../../fuzz/support.rs"]
@@ -105,4 +106,10 @@ fn fuzz_upstream_response() {
             data.len() + 2
         ))
     });
+}
+
+#[test]
+fn fuzz_h1_request() {
+    use headroom_server::listen::h1::fuzz_parse;
+    fuzz("h1_request", |data| fuzz_parse(data).map(|_| ()));
 }

@@ -34,6 +34,15 @@ pub(crate) enum Route {
 }
 
 impl Route {
+    /// Every route, in declaration order (`route as usize` indexes it).
+    pub(crate) const ALL: [Route; 5] = [
+        Route::Chat,
+        Route::Completions,
+        Route::Transcriptions,
+        Route::Translations,
+        Route::Speech,
+    ];
+
     pub(crate) fn path(self) -> &'static str {
         match self {
             Route::Chat => "/v1/chat/completions",

@@ -1,14 +1,16 @@
-//! The HTTP/1 server in front of the routes: accepts connections (TCP_NODELAY on each), serves
-//! each with hyper's HTTP/1 connection on a task of its own, and hands the proxied OpenAI routes
-//! (`POST` on the chat, completion and audio paths) straight to the request path; every other
-//! request goes through the axum router (admin, health, UI, `/v1/models`, the 404/405 answers).
+//! The HTTP/1 server in front of the routes: accepts connections (TCP_NODELAY on each) and serves
+//! each on a task of its own, first on the fast path for whole proxied requests ([`h1`]), then,
+//! from the first request that path does not serve, with hyper's HTTP/1 connection, which hands
+//! the proxied OpenAI routes (`POST` on the chat, completion and audio paths) straight to the
+//! request path and every other request to the axum router (admin, health, UI, `/v1/models`,
+//! the 404/405 answers).
 //! The hot path so skips the router's layers: their boxed futures, service clones and the moves
 //! of the request's future through each of them. On shutdown it stops accepting, lets each
 //! connection finish its in-flight request and close, and resolves once every connection ended.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::time::Duration;
 
 use axum::Router;
@@ -25,6 +27,9 @@ use tokio::sync::watch;
 
 use crate::app::{self, Shared};
 use crate::request::Route;
+
+pub mod h1;
+mod rewind;
 
 /// The proxied route a request goes to without the router, if it is one.
 fn proxied_route(req: &hyper::Request<Incoming>) -> Option<Route> {
@@ -73,6 +78,8 @@ where
 }
 
 /// One client connection, until it closes; a shutdown lets its in-flight request finish first.
+/// It starts on the fast path ([`h1`]) and goes to hyper for the first request that path does
+/// not serve.
 async fn connection(
     tcp: TcpStream,
     state: Shared,
@@ -80,6 +87,28 @@ async fn connection(
     stop: watch::Sender<()>,
     closed: watch::Receiver<()>,
 ) {
+    let mut stopping = pin!(stop.closed());
+    let mut draining = false;
+    if let h1::Ended::Handover(read, tcp) =
+        h1::serve(tcp, &state, stopping.as_mut(), &mut draining).await
+    {
+        let io = rewind::Rewind::new(read, tcp);
+        with_hyper(io, state, router, stopping, draining).await;
+    }
+    drop(closed);
+}
+
+/// Serves the rest of a connection with hyper's HTTP/1 server: the proxied routes go to the
+/// request path, every other request through the router.
+async fn with_hyper<F>(
+    io: rewind::Rewind,
+    state: Shared,
+    router: Router,
+    mut stopping: Pin<&mut F>,
+    mut draining: bool,
+) where
+    F: Future<Output = ()>,
+{
     let admin = TowerToHyperService::new(router);
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let state = state.clone();
@@ -93,21 +122,21 @@ async fn connection(
     });
     let conn = http1::Builder::new()
         .writev(false)
-        .serve_connection(TokioIo::new(tcp), service);
+        .serve_connection(TokioIo::new(io), service);
     let mut conn = pin!(conn);
-    let mut stopping = pin!(stop.closed());
-    let mut draining = false;
+    if draining {
+        conn.as_mut().graceful_shutdown();
+    }
     loop {
         tokio::select! {
             biased;
             _ = conn.as_mut() => break,
-            _ = &mut stopping, if !draining => {
+            _ = stopping.as_mut(), if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }
         }
     }
-    drop(closed);
 }
 
 /// An accept that failed: a connection error (the client gave up) is skipped; anything else
