@@ -29,7 +29,7 @@ use tokio::net::TcpStream;
 
 use crate::app::{self, Shared};
 use crate::request::Route;
-use crate::upstream::wire::header_line;
+use crate::upstream::wire::{header_line, list_tokens};
 
 /// Longest head this path parses; a longer one goes to hyper (which has its own limits).
 const MAX_HEAD: usize = 16 * 1024;
@@ -336,10 +336,13 @@ fn parse(buf: &mut BytesMut) -> Parsed {
         Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Parsed::Partial,
         _ => return Parsed::Slow,
     };
-    if head.version != Some(1) || head.method != Some("POST") {
+    if head.version != Some(1) {
         return Parsed::Slow;
     }
-    let Some(route) = head.path.and_then(Route::from_path) else {
+    let (Some(method), Some(path)) = (head.method, head.path) else {
+        return Parsed::Slow;
+    };
+    let Some(route) = Route::proxied(method, path) else {
         return Parsed::Slow;
     };
     let base = buf.as_ptr() as usize;
@@ -361,8 +364,7 @@ fn parse(buf: &mut BytesMut) -> Parsed {
         {
             return Parsed::Slow;
         } else if name == header::CONNECTION {
-            for token in field.value.split(|b| *b == b',') {
-                let token = token.trim_ascii();
+            for token in list_tokens(field.value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     close = true;
                 } else if token.eq_ignore_ascii_case(b"upgrade") {
@@ -440,11 +442,10 @@ pub fn fuzz_parse(data: &[u8]) -> Result<usize, String> {
 
 /// Whether a response asks for the connection to close.
 fn closes(headers: &HeaderMap) -> bool {
-    headers.get_all(header::CONNECTION).iter().any(|v| {
-        v.as_bytes()
-            .split(|b| *b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-    })
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| list_tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close")))
 }
 
 /// How a response body is framed on the wire.

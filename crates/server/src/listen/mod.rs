@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::Method;
 use axum::response::Response;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -30,14 +29,6 @@ use crate::request::Route;
 
 pub mod h1;
 mod rewind;
-
-/// The proxied route a request goes to without the router, if it is one.
-fn proxied_route(req: &hyper::Request<Incoming>) -> Option<Route> {
-    if req.method() != Method::POST {
-        return None;
-    }
-    Route::from_path(req.uri().path())
-}
 
 /// Serves `listener` until `shutdown` resolves, then drains the open connections.
 pub(crate) async fn serve<F>(listener: TcpListener, state: Shared, router: Router, shutdown: F)
@@ -114,10 +105,12 @@ async fn with_hyper<F>(
         let state = state.clone();
         let admin = admin.clone();
         async move {
-            Ok::<Response, Infallible>(match proxied_route(&req) {
-                Some(route) => app::proxied(state, route, req.map(Body::new)).await,
-                None => admin.call(req).await?,
-            })
+            Ok::<Response, Infallible>(
+                match Route::proxied(req.method().as_str(), req.uri().path()) {
+                    Some(route) => app::proxied(state, route, req.map(Body::new)).await,
+                    None => admin.call(req).await?,
+                },
+            )
         }
     });
     let conn = http1::Builder::new()

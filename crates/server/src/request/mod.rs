@@ -55,14 +55,15 @@ impl Route {
 
     /// The route served at `path`, if the gateway proxies it.
     pub(crate) fn from_path(path: &str) -> Option<Route> {
-        Some(match path {
-            "/v1/chat/completions" => Route::Chat,
-            "/v1/completions" => Route::Completions,
-            "/v1/audio/transcriptions" => Route::Transcriptions,
-            "/v1/audio/translations" => Route::Translations,
-            "/v1/audio/speech" => Route::Speech,
-            _ => return None,
-        })
+        Route::ALL.into_iter().find(|r| r.path() == path)
+    }
+
+    /// The route a request goes to without the router: a `POST` on a proxied path.
+    pub(crate) fn proxied(method: &str, path: &str) -> Option<Route> {
+        if method != "POST" {
+            return None;
+        }
+        Route::from_path(path)
     }
 
     fn json(self) -> Option<JsonRoute> {

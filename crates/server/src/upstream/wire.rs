@@ -54,6 +54,15 @@ pub fn header_line(name: &str, value: &HeaderValue, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The elements of a field value that is a comma-separated list (RFC 9110 section 5.6.1), each
+/// without the whitespace around it; empty elements are skipped.
+pub fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
 /// Whether a query string may go into a request line as it is (visible ASCII, no `#`).
 pub fn valid_query(q: &str) -> bool {
     q.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
@@ -128,20 +137,21 @@ impl Hop {
                 });
             }
             "transfer-encoding" => {
-                if let Some(last) = text().split(',').map(str::trim).rfind(|t| !t.is_empty()) {
-                    self.transfer_encoding = Some(last.eq_ignore_ascii_case("chunked"));
+                if let Some(last) = list_tokens(text().as_bytes()).last() {
+                    self.transfer_encoding = Some(last.eq_ignore_ascii_case(b"chunked"));
                 } else {
                     self.transfer_encoding.get_or_insert(false);
                 }
             }
             "connection" => {
-                for token in text().split(',').map(str::trim).filter(|t| !t.is_empty()) {
-                    if token.eq_ignore_ascii_case("close") {
+                for token in list_tokens(text().as_bytes()) {
+                    if token.eq_ignore_ascii_case(b"close") {
                         self.close = true;
-                    } else if token.eq_ignore_ascii_case("keep-alive") {
+                    } else if token.eq_ignore_ascii_case(b"keep-alive") {
                         self.keep_alive = true;
                     } else {
-                        self.listed.push(token.to_ascii_lowercase());
+                        self.listed
+                            .push(String::from_utf8_lossy(token).to_ascii_lowercase());
                     }
                 }
             }
