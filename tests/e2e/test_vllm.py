@@ -84,14 +84,16 @@ def client(base: str) -> openai.OpenAI:
 
 
 def vllm_gauges(vllm) -> dict:
-    """vLLM's own running / waiting / KV-usage gauges, straight from its /metrics."""
+    """vLLM's own running / waiting / KV-usage gauges and its count of finished requests,
+    straight from its /metrics."""
     text = httpx.get(f"{vllm['HEADROOM_VLLM_URL']}/metrics", timeout=10).text
     out = {}
     for line in text.splitlines():
         if line.startswith("#"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                    "vllm:request_success_total"):
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
 
@@ -254,16 +256,22 @@ def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, ga
                     lambda: text_lane(gateway)["queued"] >= 1, 10)
     assert held
     samples, ended = [], None
+    finished_before = vllm_gauges(vllm)["vllm:request_success_total"]
     while len(samples) < 10:
         if "first" in results:
             ended = f"the first request's answer arrived: {results['first'][0]}"
             break
         lane, own = text_lane(gateway), vllm_gauges(vllm)
-        if lane["inflight"] < 2 or own["vllm:num_requests_waiting"] < 1:
-            # The first request has ended in vLLM (its client may not have read the last bytes
-            # yet): the second runs, vLLM's queue is empty, and the hold is over.
+        if lane["queued"] < 1 or lane["inflight"] < 2 or own["vllm:num_requests_waiting"] < 1:
+            # The hold is over only once the first request has ended in vLLM (its client may not
+            # have read the last bytes yet): the second runs, vLLM's queue empties, the gateway
+            # lets the third go, and vLLM may queue it, all between two samples on a loaded box.
+            # vLLM's own count of finished requests tells that end from a gateway that let the
+            # third go while vLLM still had the second waiting.
             ended = (f"gateway inflight {lane['inflight']}, queued {lane['queued']}; vLLM waiting "
-                     f"{own['vllm:num_requests_waiting']}, running {own['vllm:num_requests_running']}")
+                     f"{own['vllm:num_requests_waiting']}, running {own['vllm:num_requests_running']}, "
+                     f"finished {own['vllm:request_success_total'] - finished_before:.0f} since the hold began")
+            assert own["vllm:request_success_total"] > finished_before, f"the hold ended early: {ended}"
             break
         samples.append((lane["queued"], lane["inflight"], own["vllm:num_requests_waiting"]))
         time.sleep(0.1)
