@@ -231,12 +231,15 @@ def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, ga
         t.start()
         return t
 
-    # The first request must outlast the four waits below (each follows a 200 ms scrape): 200
-    # tokens ended before the hold was seen on a fast CI machine, and this VM ran vLLM at 8-12
-    # tokens/s. vLLM's rate is measured first, and the first request asks for about 10 s of
-    # tokens: at least 150, and at most 440 (prompt, chat template and 440 fit the 512-token
-    # context), so a slow box's third request still leaves the gateway's 120 s queue in time.
-    first_tokens = tokens_for(vllm_rate(url), seconds=10, lo=150, hi=440)
+    # The first request must outlast the four waits below (each follows a 200 ms scrape, and each
+    # read of vLLM's /metrics took up to 1.2 s on a busy box). 200 tokens ended before the hold was
+    # seen on a fast CI machine, and so did 150 tokens chosen from a measured 15 tokens/s (CI22):
+    # one timed request undercounts the rate (prefill, a cold path), so the faster of two is taken,
+    # and the first request asks for about 30 s of tokens: at least 150, and at most 440 (prompt,
+    # chat template and 440 fit the 512-token context). A box at 8 tokens/s then holds the third
+    # about 33 s, well inside the gateway's 120 s queue.
+    rate = max(vllm_rate(url), vllm_rate(url))
+    first_tokens = tokens_for(rate, seconds=30, lo=150, hi=440)
     first = send("first", first_tokens)
     wait_for("vLLM running the first request, as the gateway reads it",
              lambda: (text_lane(gateway)["upstreams"][0]["running"] or 0) >= 1, 60)
