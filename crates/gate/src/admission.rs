@@ -204,10 +204,7 @@ impl Permit {
         let mut st = self.inner.lock();
         let spec = &self.inner.specs[self.lane];
         let old = spec.upstreams[self.upstream].as_str();
-        st.health
-            .entry(old.to_string())
-            .or_default()
-            .record(false, now);
+        health_of(&mut st.health, old).record(false, now);
         self.tried.push(self.upstream);
         let next = upstream::choose(spec, &st.health, &st.engine, now, &self.tried)?;
         let ls = &mut st.lanes[self.lane];
@@ -216,14 +213,23 @@ impl Permit {
         if let Some(h) = st.health.get_mut(old) {
             h.released();
         }
-        st.health
-            .entry(spec.upstreams[next].clone())
-            .or_default()
-            .taken(now);
+        health_of(&mut st.health, &spec.upstreams[next]).taken(now);
         self.upstream = next;
         drop(st);
         Some(self.upstream())
     }
+}
+
+/// The passive-health entry of `url`, made on its first use. Looked up by `&str`, so the URL is
+/// copied into the map once, not on every admission and release.
+fn health_of<'a>(
+    health: &'a mut Map<String, upstream::Health>,
+    url: &str,
+) -> &'a mut upstream::Health {
+    if !health.contains_key(url) {
+        health.insert(url.to_string(), upstream::Health::default());
+    }
+    health.get_mut(url).expect("inserted above")
 }
 
 impl Drop for Permit {
@@ -233,7 +239,7 @@ impl Drop for Permit {
         let mut st = self.inner.lock();
         if let Some(ok) = self.upstream_ok {
             let url = &self.inner.specs[self.lane].upstreams[self.upstream];
-            st.health.entry(url.clone()).or_default().record(ok, now);
+            health_of(&mut st.health, url).record(ok, now);
         }
         let slot = Slot {
             upstream: self.upstream,
@@ -781,8 +787,7 @@ impl Inner {
         }
         // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
         ls.yield_since = if busy { Some(now) } else { None };
-        let url = self.specs[lane].upstreams[upstream].clone();
-        st.health.entry(url).or_default().taken(now);
+        health_of(&mut st.health, &self.specs[lane].upstreams[upstream]).taken(now);
         st.total_inflight += 1;
         let stopped = self.preempt_for(st, lane);
         self.update_pause(st);

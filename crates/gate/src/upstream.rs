@@ -89,19 +89,19 @@ pub(crate) fn choose(
     exclude: &[usize],
 ) -> Option<usize> {
     let url = |u: usize| spec.upstreams[u].as_str();
-    let admissible: Vec<usize> = (0..spec.upstreams.len())
-        .filter(|u| !exclude.contains(u))
-        .filter(|&u| match &spec.engine {
-            None => true,
-            Some(limits) => limits.admits(engine.get(url(u)), now),
-        })
-        .collect();
+    // Walked twice rather than collected: one allocation fewer on every admission.
+    let admissible = || {
+        (0..spec.upstreams.len())
+            .filter(|u| !exclude.contains(u))
+            .filter(|&u| match &spec.engine {
+                None => true,
+                Some(limits) => limits.admits(engine.get(url(u)), now),
+            })
+    };
     let h = |u: usize| health.get(url(u));
     let inflight = |u: usize| h(u).map_or(0, |h| h.inflight);
     let waiting = |u: usize| engine.get(url(u)).and_then(|l| l.waiting).unwrap_or(0.0);
-    let healthy = admissible
-        .iter()
-        .copied()
+    let healthy = admissible()
         .filter(|&u| !h(u).is_some_and(|h| h.ejected(now)))
         .min_by(|&a, &b| {
             inflight(a)
@@ -109,12 +109,7 @@ pub(crate) fn choose(
                 .then(waiting(a).total_cmp(&waiting(b)))
                 .then(a.cmp(&b))
         });
-    healthy.or_else(|| {
-        admissible
-            .iter()
-            .copied()
-            .min_by_key(|&u| h(u).and_then(|h| h.ejected_until))
-    })
+    healthy.or_else(|| admissible().min_by_key(|&u| h(u).and_then(|h| h.ejected_until)))
 }
 
 #[cfg(test)]
