@@ -103,14 +103,17 @@ def text_lane(base: str) -> dict:
     return next(lane for lane in lanes if lane["name"] == "text")
 
 
-def wait_for(what: str, pred, within: float, every: float = 0.05):
+def wait_for(what: str, pred, within: float, every: float = 0.05, detail=None):
+    """Polls `pred` until it is true; on a timeout fails, with `detail()` (the state that was
+    seen) when given."""
     deadline = time.monotonic() + within
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"{what} not seen within {within} s")
+            seen = f" ({detail()})" if detail else ""
+            pytest.fail(f"{what} not seen within {within} s{seen}")
         time.sleep(every)
 
 
@@ -240,12 +243,21 @@ def test_engine_load_follows_vllm_and_holds_admission_while_vllm_queues(vllm, ga
     # about 33 s, well inside the gateway's 120 s queue.
     rate = max(vllm_rate(url), vllm_rate(url))
     first_tokens = tokens_for(rate, seconds=30, lo=150, hi=440)
+    # The gateway's reading of vLLM lags by a scrape: it still said running 1 for 0.1-0.2 s after
+    # the timed requests had ended (more on a loaded box). Taken for the first request, that stale
+    # 1 let the second go before the first reached vLLM (CI, stop 22): the short second ran first,
+    # so vLLM's queue held the long first for a second or two, and then nothing waited. So wait
+    # until the gateway reads vLLM idle, and then for the first to be in flight and running.
+    wait_for("the gateway reading vLLM idle after the timed requests",
+             lambda: (u := text_lane(gateway)["upstreams"][0])["running"] == 0 and not u["waiting"], 30)
     first = send("first", first_tokens)
     wait_for("vLLM running the first request, as the gateway reads it",
-             lambda: (text_lane(gateway)["upstreams"][0]["running"] or 0) >= 1, 60)
+             lambda: (lane := text_lane(gateway))["inflight"] >= 1 and (lane["upstreams"][0]["running"] or 0) >= 1,
+             60)
     second = send("second", 24)
     up = wait_for("vLLM's waiting ≥ 1, as the gateway reads it",
-                  lambda: (u := text_lane(gateway)["upstreams"][0])["waiting"] and u["waiting"] >= 1 and u, 30)
+                  lambda: (u := text_lane(gateway)["upstreams"][0])["waiting"] and u["waiting"] >= 1 and u, 30,
+                  detail=lambda: f"gateway lane {text_lane(gateway)}; vLLM {vllm_gauges(vllm)}; answers {results}")
     assert up["running"] == 1, up
     # vLLM's own gauge agrees with what the gateway read.
     assert vllm_gauges(vllm)["vllm:num_requests_waiting"] >= 1
