@@ -24,7 +24,7 @@ use axum::body::{Body, HttpBody};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::app::{self, Shared};
@@ -37,6 +37,9 @@ const MAX_HEAD: usize = 16 * 1024;
 const MAX_FIELDS: usize = 64;
 /// Largest body this path takes whole; a larger one goes to hyper's streaming body.
 const MAX_BODY: usize = 1 << 20;
+/// Whether a short read shows the socket drained: true where tokio's reactor is epoll
+/// (edge-triggered), as tokio's own `poll_read` assumes there.
+const DRAINED_BY_A_SHORT_READ: bool = cfg!(any(target_os = "linux", target_os = "android"));
 /// Room reserved for each read from the client.
 const READ_CHUNK: usize = 16 * 1024;
 /// Most bytes of a next (pipelined) request read ahead while an answer is pending.
@@ -164,13 +167,31 @@ impl Conn {
     }
 
     /// One read from the client into the buffer, without waiting.
+    ///
+    /// A read that fills less than the room it was given has drained the socket: epoll is
+    /// edge-triggered, so bytes that come later raise a new event. The closure then answers
+    /// `WouldBlock`, which makes tokio clear the readiness it caches (only if no event came
+    /// since the read), and the next read waits for that event instead of costing a system call
+    /// that answers `EAGAIN` (one per request: the client is read again while its answer is
+    /// awaited). Tokio's own `poll_read` clears readiness the same way; `try_read_buf` does not.
     fn read_once(&mut self) -> Read {
         self.buf.reserve(READ_CHUNK);
-        match self.tcp.try_read_buf(&mut self.buf) {
-            Ok(0) => Read::Closed,
-            Ok(n) => Read::Got(n),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Read::NotYet,
-            Err(_) => Read::Closed,
+        let room = self.buf.capacity() - self.buf.len();
+        let (tcp, buf) = (&self.tcp, &mut self.buf);
+        let mut got = None;
+        let read = tcp.try_io(Interest::READABLE, || {
+            let n = tcp.try_read_buf(buf)?;
+            got = Some(n);
+            if DRAINED_BY_A_SHORT_READ && n > 0 && n < room {
+                return Err(ErrorKind::WouldBlock.into());
+            }
+            Ok(())
+        });
+        match (got, read) {
+            (Some(0), _) => Read::Closed,
+            (Some(n), _) => Read::Got(n),
+            (None, Err(e)) if e.kind() == ErrorKind::WouldBlock => Read::NotYet,
+            (None, _) => Read::Closed,
         }
     }
 
