@@ -846,7 +846,7 @@ impl Inner {
     ) {
         let upstream = slot.upstream;
         if let Some((device, id)) = slot.reservation {
-            self.release_memory(st, device, id);
+            self.release_memory(st, device, id, now);
         }
         let ls = &mut st.lanes[lane];
         ls.preemptible.retain(|(id, _)| *id != slot.id);

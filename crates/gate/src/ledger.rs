@@ -133,6 +133,9 @@ struct Owner {
     name: String,
     /// The owner's use in the latest reading taken while it had no reservation.
     floor: Option<u64>,
+    /// When a reservation of this owner last ended: a reading taken before then may still show
+    /// that job's memory, so it cannot be the idle floor.
+    released_at: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -188,26 +191,40 @@ impl Ledger {
     }
 
     /// Takes a new reading: owner floors, the covered part of each reservation, job maxima.
+    ///
+    /// `reading.at` is when the probe began. The reading says nothing about a job admitted
+    /// after that (its memory cannot show yet, and the memory that does show is other jobs'),
+    /// and it is an owner's idle floor only if no job of that owner was running or had just
+    /// ended when it was taken.
     pub fn push_reading(&mut self, reading: MemoryReading) {
+        let at = reading.at;
         let d = self.device_mut(reading.device);
         for (name, used) in &reading.owners {
-            let idle = !d.reservations.iter().any(|r| &r.owner == name);
+            let running = d
+                .reservations
+                .iter()
+                .any(|r| &r.owner == name && r.admitted_at <= at);
             let owner = match d.owners.iter().position(|o| &o.name == name) {
                 Some(i) => &mut d.owners[i],
                 None => {
                     d.owners.push(Owner {
                         name: name.clone(),
                         floor: None,
+                        released_at: None,
                     });
                     d.owners.last_mut().expect("just pushed")
                 }
             };
-            if idle {
+            if !running && owner.released_at.is_none_or(|t| t < at) {
                 owner.floor = Some(*used);
             }
             // The owner's growth above its idle floor, shared out oldest reservation first.
             let mut growth = owner.floor.map_or(0, |f| used.saturating_sub(f));
-            for r in d.reservations.iter_mut().filter(|r| &r.owner == name) {
+            for r in d
+                .reservations
+                .iter_mut()
+                .filter(|r| &r.owner == name && r.admitted_at <= at)
+            {
                 r.covered = growth.min(r.bytes);
                 growth -= r.covered;
                 r.measured = true;
@@ -218,7 +235,7 @@ impl Ledger {
                 r.max_seen = Some(r.max_seen.map_or(*used, |m| m.max(*used)));
             }
         }
-        for r in &mut d.reservations {
+        for r in d.reservations.iter_mut().filter(|r| r.admitted_at <= at) {
             if reading.owner_use(&r.owner).is_none() {
                 r.covered = 0;
             }
@@ -323,7 +340,6 @@ impl Ledger {
             .iter()
             .find(|o| o.name == owner)
             .and_then(|o| o.floor);
-        let current = d.reading.as_ref().and_then(|r| r.owner_use(owner));
         d.reservations.push(Reservation {
             id,
             lane,
@@ -336,17 +352,22 @@ impl Ledger {
             progress_at: None,
             measured: false,
             floor,
-            max_seen: current,
+            // Only readings taken after admission count: the latest one may show jobs that
+            // ended just before this one was admitted.
+            max_seen: None,
             alone,
         });
     }
 
-    /// Ends a reservation; returns the job's measured peak when it ran alone on its upstream and
-    /// the upstream's idle floor was known.
-    pub fn release(&mut self, device: u32, id: u64) -> Option<PeakSample> {
+    /// Ends a reservation at `now`; returns the job's measured peak when it ran alone on its
+    /// upstream, a reading taken during it was seen, and the upstream's idle floor was known.
+    pub fn release(&mut self, device: u32, id: u64, now: Instant) -> Option<PeakSample> {
         let d = self.device_mut(device);
         let pos = d.reservations.iter().position(|r| r.id == id)?;
         let r = d.reservations.remove(pos);
+        if let Some(o) = d.owners.iter_mut().find(|o| o.name == r.owner) {
+            o.released_at = Some(now);
+        }
         if !r.alone {
             return None;
         }
@@ -518,7 +539,7 @@ mod tests {
             300 * MIB
         );
         for id in 0..3 {
-            l.release(0, id);
+            l.release(0, id, later);
         }
         assert_eq!(l.reserved_bytes(0), 0);
         assert_eq!(l.reservation_count(0), 0);
@@ -575,7 +596,7 @@ mod tests {
         for used in [150, 520, 480] {
             l.push_reading(reading(1000 * MIB, used * MIB, t0));
         }
-        let s = l.release(0, 1).unwrap();
+        let s = l.release(0, 1, t0).unwrap();
         assert_eq!((s.lane, s.peak_bytes), (2, 420 * MIB));
         assert_eq!(s.audio_seconds, Some(4.0));
         // Overlapping jobs on one upstream cannot be told apart: no sample.
@@ -583,8 +604,35 @@ mod tests {
         l.reserve(2, 0, 0, "up", 300 * MIB, None, t0);
         l.reserve(3, 0, 0, "up", 300 * MIB, None, t0);
         l.push_reading(reading(1000 * MIB, 700 * MIB, t0));
-        assert!(l.release(0, 2).is_none());
-        assert!(l.release(0, 3).is_none());
+        assert!(l.release(0, 2, t0).is_none());
+        assert!(l.release(0, 3, t0).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_admitted_after_overlapping_ones_counts_only_readings_taken_after_it() {
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
+        // Two 300 MiB jobs overlap on one upstream; the last reading before they end shows both.
+        l.reserve(1, 0, 0, "up", 300 * MIB, None, t0);
+        l.reserve(2, 0, 0, "up", 300 * MIB, None, t0);
+        l.push_reading(reading(400 * MIB, 700 * MIB, t0 + ms(50)));
+        l.release(0, 1, t0 + ms(100));
+        l.release(0, 2, t0 + ms(100));
+        // The next job is admitted alone before any new reading.
+        l.reserve(3, 0, 0, "up", 300 * MIB, None, t0 + ms(101));
+        // A probe that began before it (and before the two ended) reports late: it is neither
+        // the upstream's floor nor this job's use.
+        l.push_reading(reading(400 * MIB, 700 * MIB, t0 + ms(99)));
+        assert_eq!(l.hidden_bytes(0, t0 + ms(110)), 300 * MIB);
+        l.push_reading(reading(700 * MIB, 400 * MIB, t0 + ms(150)));
+        let s = l.release(0, 3, t0 + ms(200)).unwrap();
+        assert_eq!(s.peak_bytes, 300 * MIB);
+        // A job with no reading taken during it gives no sample.
+        l.reserve(4, 0, 0, "up", 300 * MIB, None, t0 + ms(300));
+        l.push_reading(reading(700 * MIB, 400 * MIB, t0 + ms(250)));
+        assert!(l.release(0, 4, t0 + ms(320)).is_none());
     }
 
     #[test]

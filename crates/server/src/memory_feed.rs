@@ -140,6 +140,9 @@ fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc
     let mut last_save = std::time::Instant::now();
     let mut next = std::time::Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        // The reading is as old as the probe's start: a job admitted while the probe ran
+        // cannot show in it.
+        let taken = Instant::now();
         match setup.probe.snapshot() {
             Ok(devices) => {
                 let owners = roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -153,7 +156,7 @@ fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc
                         &setup.memory,
                         &setup.owners,
                         &owners,
-                        Instant::now(),
+                        taken,
                     ));
                 }
             }

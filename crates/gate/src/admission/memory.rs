@@ -86,7 +86,7 @@ impl Inner {
     }
 
     /// Gives a reservation back; a measured peak goes to the lane's learner.
-    pub(super) fn release_memory(&self, st: &mut State, device: u32, id: u64) {
+    pub(super) fn release_memory(&self, st: &mut State, device: u32, id: u64, now: Instant) {
         let Some(ledger) = st.ledger.as_mut() else {
             return;
         };
@@ -98,7 +98,7 @@ impl Inner {
             lane,
             peak_bytes,
             audio_seconds,
-        }) = ledger.release(device, id)
+        }) = ledger.release(device, id, now)
             && let Some(need) = &self.specs[lane].gpu
         {
             st.learners[lane].add(
