@@ -128,6 +128,14 @@ struct Reservation {
     alone: bool,
 }
 
+impl Reservation {
+    /// Whether a reading the probe began at `at` can show this job: only one begun after the
+    /// job was admitted (an earlier one shows memory of jobs that may have ended since).
+    fn shown_at(&self, at: Instant) -> bool {
+        self.admitted_at <= at
+    }
+}
+
 #[derive(Debug, Default)]
 struct Owner {
     name: String,
@@ -200,10 +208,8 @@ impl Ledger {
         let at = reading.at;
         let d = self.device_mut(reading.device);
         for (name, used) in &reading.owners {
-            let running = d
-                .reservations
-                .iter()
-                .any(|r| &r.owner == name && r.admitted_at <= at);
+            let shown = |r: &Reservation| &r.owner == name && r.shown_at(at);
+            let running = d.reservations.iter().any(shown);
             let owner = match d.owners.iter().position(|o| &o.name == name) {
                 Some(i) => &mut d.owners[i],
                 None => {
@@ -220,11 +226,7 @@ impl Ledger {
             }
             // The owner's growth above its idle floor, shared out oldest reservation first.
             let mut growth = owner.floor.map_or(0, |f| used.saturating_sub(f));
-            for r in d
-                .reservations
-                .iter_mut()
-                .filter(|r| &r.owner == name && r.admitted_at <= at)
-            {
+            for r in d.reservations.iter_mut().filter(|r| shown(r)) {
                 r.covered = growth.min(r.bytes);
                 growth -= r.covered;
                 r.measured = true;
@@ -235,7 +237,7 @@ impl Ledger {
                 r.max_seen = Some(r.max_seen.map_or(*used, |m| m.max(*used)));
             }
         }
-        for r in d.reservations.iter_mut().filter(|r| r.admitted_at <= at) {
+        for r in d.reservations.iter_mut().filter(|r| r.shown_at(at)) {
             if reading.owner_use(&r.owner).is_none() {
                 r.covered = 0;
             }
