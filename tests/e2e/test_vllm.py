@@ -270,17 +270,12 @@ def hold_scenario(vllm, gateway, url: str, first_tokens: int):
     def state() -> str:
         return f"gateway lane {text_lane(gateway)}; vLLM {vllm_gauges(vllm)}; answers {results}"
 
-    def lose(*sent: threading.Thread, why: str = ""):
-        # The next attempt starts from an idle gateway: what this one sent is answered first.
-        for t in sent:
-            t.join(timeout=180)
-        raise SetupLost(why)
-
     # The gateway's reading of vLLM lags by a scrape: it still said running 1 for 0.1-0.2 s after
     # the timed requests had ended (more on a loaded box). Taken for the first request, that stale
     # 1 let the second go before the first reached vLLM (CI, stop 22): the short second ran first,
     # so vLLM's queue held the long first for a second or two, and then nothing waited. So wait
-    # until the gateway reads vLLM idle, and then for the first to be in flight and running.
+    # until the gateway reads vLLM idle, and then for the first to be in flight and running. An
+    # attempt after a lost one so also waits for what the lost one sent to be answered.
     def idle() -> bool:
         lane = text_lane(gateway)
         u = lane["upstreams"][0]
@@ -313,7 +308,9 @@ def hold_scenario(vllm, gateway, url: str, first_tokens: int):
     # The checks below read while the hold lasts, with no wait of their own: CI24's box stalled
     # the test for 13 s or more inside one poll (a 10 s wait for the KV figure returned after
     # 22.9 s), and by then the first request had ended and vLLM's KV gauge was back at 0.
-    samples, kv_seen, ended = [], [], None
+    # Each sample: gateway queued, gateway inflight, vLLM waiting, and the KV-cache usage as the
+    # gateway reads it and as vLLM reports it.
+    samples, ended = [], None
     while len(samples) < 10:
         if "first" in results:
             ended = f"the first request's answer arrived: {results['first'][0]}"
@@ -330,17 +327,17 @@ def hold_scenario(vllm, gateway, url: str, first_tokens: int):
                      f"finished {own['vllm:request_success_total'] - finished_at_start:.0f} since the first was sent")
             assert own["vllm:request_success_total"] > finished_at_start, f"the hold ended early: {ended}"
             break
-        samples.append((lane["queued"], lane["inflight"], own["vllm:num_requests_waiting"]))
-        # The running sequence holds KV blocks: the gateway's figure follows vLLM's above zero.
-        kv_seen.append((lane["upstreams"][0]["kv_cache_usage"], own["vllm:kv_cache_usage_perc"]))
+        samples.append((lane["queued"], lane["inflight"], own["vllm:num_requests_waiting"],
+                        lane["upstreams"][0]["kv_cache_usage"], own["vllm:kv_cache_usage_perc"]))
         time.sleep(0.1)
-    print("held while the first ran (gateway queued, gateway inflight, vLLM waiting):", samples[:5], "…")
+    print("held while the first ran (gateway queued, gateway inflight, vLLM waiting, KV gateway, "
+          "KV vLLM):", samples[:5], "…")
     if not samples:
-        # Reached only when vLLM finished the first (checked above) before one sample was read.
-        lose(first, second, third, why=f"the first request ended before the hold could be sampled ({ended})")
-    assert all(q == 1 and i == 2 and w == 1 for q, i, w in samples), samples
-    print("KV-cache usage while held (gateway, vLLM):", kv_seen[:5], "…")
-    assert any(g is not None and 0 < g < 0.5 and v > 0 for g, v in kv_seen), kv_seen
+        # The first request ended (its answer arrived, or vLLM finished it) before one sample.
+        raise SetupLost(f"the first request ended before the hold could be sampled ({ended})")
+    assert all(q == 1 and i == 2 and w == 1 for q, i, w, _, _ in samples), samples
+    # The running sequence holds KV blocks: the gateway's figure follows vLLM's above zero.
+    assert any(g is not None and 0 < g < 0.5 and v > 0 for _, _, _, g, v in samples), samples
     for t in (first, second, third):
         t.join(timeout=180)
     for name in ("first", "second", "third"):
