@@ -80,11 +80,27 @@ impl Flight {
         if self.finished {
             return;
         }
+        let seconds = self.arrival.elapsed().as_secs_f64();
+        self.finish_after(outcome, seconds);
+    }
+
+    /// [`Flight::finish`] for a request that took `seconds`.
+    fn finish_after(&mut self, outcome: &str, seconds: f64) {
         self.finished = true;
         self.permit.take();
         self.telemetry.lane_outcome(self.lane, outcome);
-        self.telemetry
-            .request_duration(self.lane, self.arrival.elapsed().as_secs_f64());
+        self.telemetry.request_duration(self.lane, seconds);
+    }
+
+    /// Records a response whose body went out with its head: its first byte and its end are
+    /// one moment (one clock read for both), and the flight finishes `ok`.
+    pub(crate) fn answered_whole(&mut self) {
+        if self.finished {
+            return;
+        }
+        let seconds = self.arrival.elapsed().as_secs_f64();
+        self.telemetry.ttft(self.lane, seconds);
+        self.finish_after("ok", seconds);
     }
 
     pub(crate) fn first_byte(&self) {

@@ -129,7 +129,9 @@ where
                 }
             }
         };
-        let answer = app::proxied(state.clone(), route, request);
+        // Pinned here, in this loop's own state, and lent to `answer`: the request path's
+        // future (kilobytes) is then not moved again into `answer`'s arguments and its pin.
+        let answer = pin!(app::proxied(state.clone(), route, request));
         let Some(response) = conn.answer(answer, stopping.as_mut(), draining).await else {
             return Ended::Closed;
         };
@@ -213,7 +215,7 @@ impl Conn {
     /// meanwhile are kept.
     async fn answer<A, F>(
         &mut self,
-        answer: A,
+        mut answer: Pin<&mut A>,
         mut stopping: Pin<&mut F>,
         draining: &mut bool,
     ) -> Option<Response>
@@ -221,7 +223,6 @@ impl Conn {
         A: Future<Output = Response>,
         F: Future<Output = ()>,
     {
-        let mut answer = pin!(answer);
         let mut watching = true;
         loop {
             tokio::select! {

@@ -35,12 +35,6 @@ pub(super) async fn respond(
     // The upstream client has already taken out the connection's own fields (hop-by-hop and
     // framing): what is left crosses to the client.
     let mut out_headers = response.take_headers();
-    // Keep the upstream's length so the client gets the body as sent rather than re-chunked
-    // (one write instead of a chunk and a terminator). Not for SSE: a stream cut short by the
-    // deadline or a preemption ends with an extra error event of its own.
-    if !sse && let Some(len) = response.content_length() {
-        out_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    }
     out_headers.insert(
         const { HeaderName::from_static(crate::app::LANE_HEADER) },
         lane.config.lane_header.clone(),
@@ -56,22 +50,31 @@ pub(super) async fn respond(
     // A sized, non-SSE body that arrived whole with its head (the common case for a short
     // completion) goes to the client as one buffer, the flight done, instead of through the
     // stream; whatever that first look read otherwise leads the stream.
-    let declared = response.content_length().filter(|&n| n > 0 && !sse);
+    let length = response.content_length().filter(|_| !sse);
+    let declared = length.filter(|&n| n > 0);
     let early = match declared {
         Some(_) => futures_util::FutureExt::now_or_never(response.chunk()),
         None => None,
     };
     let body = match early {
         Some(Ok(Some(whole))) if Some(whole.len() as u64) == declared => {
-            flight.first_byte();
-            flight.finish("ok");
+            flight.answered_whole();
             Body::from(whole)
         }
-        early => Body::from_stream(
-            Passthrough::new(response, flight, deadline.at, deadline.timeout, sse)
-                .preemptible(preempted)
-                .read_ahead(early.and_then(Result::transpose), declared),
-        ),
+        early => {
+            // Keep the upstream's length so the client gets the body as sent rather than
+            // re-chunked (one write instead of a chunk and a terminator). Not for SSE: a stream
+            // cut short by the deadline or a preemption ends with an extra error event of its
+            // own. (A body sent whole above is sized by itself: its exact length frames it.)
+            if let Some(len) = length {
+                out_headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+            }
+            Body::from_stream(
+                Passthrough::new(response, flight, deadline.at, deadline.timeout, sse)
+                    .preemptible(preempted)
+                    .read_ahead(early.and_then(Result::transpose), declared),
+            )
+        }
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
