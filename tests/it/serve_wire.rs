@@ -261,3 +261,59 @@ async fn pipelined_requests_and_a_handover_to_hyper_share_one_connection() {
     .unwrap();
     g.shutdown().await.unwrap();
 }
+
+/// The connection's deadline timer is re-armed for every request it carries: on one keep-alive
+/// connection a request that outlives its deadline is cut at that deadline (504) whether the
+/// deadline before it was longer, shorter or already spent, and a fast request between them is
+/// answered in full (its deadline, long past by the next one, fires on nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_request_on_a_connection_gets_its_own_deadline() {
+    use std::io::Write;
+    let up = serve_upstream::start().await;
+    let g = one_lane_gateway(&up.url()).await;
+    let addr = g.addr;
+    let post = |timeout_ms: u64, delay_ms: u64| {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+             x-headroom-timeout-ms: {timeout_ms}\r\nx-test-delay-ms: {delay_ms}\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    // (deadline, upstream delay, expected status); timings are generous for a loaded box: a
+    // cut request must end well before its upstream would have answered.
+    let steps = [
+        (60_000, 0, "200"),
+        (400, 8_000, "504"),
+        (400, 8_000, "504"),
+        (60_000, 0, "200"),
+        (300, 8_000, "504"),
+        (20_000, 900, "200"),
+        (500, 8_000, "504"),
+    ];
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        for (i, (timeout, delay, status)) in steps.into_iter().enumerate() {
+            let started = std::time::Instant::now();
+            s.write_all(post(timeout, delay).as_bytes()).unwrap();
+            let (head, body) = read_responses(&mut s, 1).remove(0);
+            let took = started.elapsed();
+            assert!(
+                head.starts_with(&format!("http/1.1 {status}")),
+                "request {i}: {head}\n{body}"
+            );
+            if status == "504" {
+                assert!(body.contains("\"deadline\""), "request {i}: {body}");
+                assert!(
+                    took >= Duration::from_millis(timeout) && took < Duration::from_millis(6_000),
+                    "request {i} was cut after {took:?}, its deadline {timeout} ms"
+                );
+            }
+        }
+    })
+    .await
+    .unwrap();
+    g.shutdown().await.unwrap();
+}

@@ -204,32 +204,33 @@ impl Permit {
         let mut st = self.inner.lock();
         let spec = &self.inner.specs[self.lane];
         let old = spec.upstreams[self.upstream].as_str();
-        health_of(&mut st.health, old).record(false, now);
+        if let Some(h) = health_of(&mut st.health, old) {
+            h.record(false, now);
+        }
         self.tried.push(self.upstream);
         let next = upstream::choose(spec, &st.health, &st.engine, now, &self.tried)?;
         let ls = &mut st.lanes[self.lane];
         ls.upstream_inflight[self.upstream] = ls.upstream_inflight[self.upstream].saturating_sub(1);
         ls.upstream_inflight[next] += 1;
-        if let Some(h) = st.health.get_mut(old) {
+        if let Some(h) = health_of(&mut st.health, old) {
             h.released();
         }
-        health_of(&mut st.health, &spec.upstreams[next]).taken(now);
+        if let Some(h) = health_of(&mut st.health, &spec.upstreams[next]) {
+            h.taken(now);
+        }
         self.upstream = next;
         drop(st);
         Some(self.upstream())
     }
 }
 
-/// The passive-health entry of `url`, made on its first use. Looked up by `&str`, so the URL is
-/// copied into the map once, not on every admission and release.
+/// The passive-health entry of `url`: [`Gate::new`] makes one for every configured upstream, so
+/// admissions and releases look it up once and never copy the URL.
 fn health_of<'a>(
     health: &'a mut Map<String, upstream::Health>,
     url: &str,
-) -> &'a mut upstream::Health {
-    if !health.contains_key(url) {
-        health.insert(url.to_string(), upstream::Health::default());
-    }
-    health.get_mut(url).expect("inserted above")
+) -> Option<&'a mut upstream::Health> {
+    health.get_mut(url)
 }
 
 impl Drop for Permit {
@@ -239,7 +240,9 @@ impl Drop for Permit {
         let mut st = self.inner.lock();
         if let Some(ok) = self.upstream_ok {
             let url = &self.inner.specs[self.lane].upstreams[self.upstream];
-            health_of(&mut st.health, url).record(ok, now);
+            if let Some(h) = health_of(&mut st.health, url) {
+                h.record(ok, now);
+            }
         }
         let slot = Slot {
             upstream: self.upstream,
@@ -438,6 +441,11 @@ impl Gate {
             .iter()
             .any(|s| s.gpu.is_some())
             .then(|| Ledger::new(memory.unwrap_or_default()));
+        let health = specs
+            .iter()
+            .flat_map(|s| &s.upstreams)
+            .map(|url| (url.clone(), upstream::Health::default()))
+            .collect();
         let pause = specs
             .iter()
             .map(|s| {
@@ -455,6 +463,7 @@ impl Gate {
                 state: Mutex::new(State {
                     lanes,
                     ledger,
+                    health,
                     learners: (0..specs_len).map(|_| Default::default()).collect(),
                     ..State::default()
                 }),
@@ -787,7 +796,9 @@ impl Inner {
         }
         // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
         ls.yield_since = if busy { Some(now) } else { None };
-        health_of(&mut st.health, &self.specs[lane].upstreams[upstream]).taken(now);
+        if let Some(h) = health_of(&mut st.health, &self.specs[lane].upstreams[upstream]) {
+            h.taken(now);
+        }
         st.total_inflight += 1;
         let stopped = self.preempt_for(st, lane);
         self.update_pause(st);
@@ -854,7 +865,7 @@ impl Inner {
         ls.inflight = ls.inflight.saturating_sub(1);
         ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
         ls.released += 1;
-        if let Some(h) = st.health.get_mut(&self.specs[lane].upstreams[upstream]) {
+        if let Some(h) = health_of(&mut st.health, &self.specs[lane].upstreams[upstream]) {
             h.released();
         }
         let ls = &mut st.lanes[lane];

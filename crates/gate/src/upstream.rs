@@ -98,6 +98,13 @@ pub(crate) fn choose(
                 Some(limits) => limits.admits(engine.get(url(u)), now),
             })
     };
+    let mut candidates = admissible();
+    let first = candidates.next()?;
+    if candidates.next().is_none() {
+        // The only admissible upstream is the answer whether it is ejected or not (the rule
+        // below falls back to it): no health to look up.
+        return Some(first);
+    }
     let h = |u: usize| health.get(url(u));
     let inflight = |u: usize| h(u).map_or(0, |h| h.inflight);
     let waiting = |u: usize| engine.get(url(u)).and_then(|l| l.waiting).unwrap_or(0.0);

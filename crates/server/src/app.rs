@@ -19,7 +19,7 @@ use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::inspect::last_user_text;
 use crate::proxy::header as hname;
-use crate::request::{self, Route};
+use crate::request::{self, Reply, Route, Timer};
 use crate::telemetry::{BAD_REQUESTS_TOTAL, Telemetry};
 
 /// Header a client may send to shorten its own deadline (milliseconds).
@@ -98,35 +98,40 @@ pub(crate) type Shared = Arc<AppState>;
 /// A proxied route's request with the edge checks around it, as the router's `edge`
 /// middleware applies them to every other route: the header-size and key checks, the request
 /// path, then the overload status and the load header.
-pub(crate) async fn proxied(s: Shared, route: Route, req: Request) -> Response {
-    let response = match refused_at_edge(&s, &req) {
-        Some(refusal) => refusal,
-        None => answer(s.clone(), route, req).await,
+pub(crate) async fn proxied(s: Shared, route: Route, req: Request, timer: Timer<'_>) -> Reply {
+    let mut reply = match refused_at_edge(&s, &req) {
+        Some(refusal) => Reply::from(refusal),
+        None => answer(s.clone(), route, req, timer).await,
     };
-    let response = overload_status(&s, response);
-    load_header(&s, response)
+    reply.response = load_header(&s, overload_status(&s, reply.response));
+    reply
 }
 
 /// The request path's answer, or its error as a response. Refused input is counted here (gate
 /// refusals are counted per lane where they happen).
-async fn answer(s: Shared, route: Route, req: Request) -> Response {
+async fn answer(s: Shared, route: Route, req: Request, timer: Timer<'_>) -> Reply {
     let telemetry = s.telemetry.clone();
-    request::handle(s, route, req).await.unwrap_or_else(|e| {
-        if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS {
-            telemetry
-                .counter(BAD_REQUESTS_TOTAL, &[("code", e.code.as_str())])
-                .increment(1);
-        }
-        e.into_response()
-    })
+    request::handle(s, route, req, timer)
+        .await
+        .unwrap_or_else(|e| {
+            if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS {
+                telemetry
+                    .counter(BAD_REQUESTS_TOTAL, &[("code", e.code.as_str())])
+                    .increment(1);
+            }
+            Reply::from(e.into_response())
+        })
 }
 
 /// Builds the router for a gateway. The server ([`crate::listen`]) sends `POST`s on the
 /// proxied routes to [`proxied`] without it; the router still serves them (through the same
 /// function) for anyone who mounts it on its own, and answers their other methods with 405.
 pub fn router(state: Shared) -> Router {
-    let proxied =
-        |route: Route| post(move |State(s): State<Shared>, req: Request| answer(s, route, req));
+    let proxied = |route: Route| {
+        post(move |State(s): State<Shared>, req: Request| async move {
+            answer(s, route, req, None).await.into_response()
+        })
+    };
     Router::new()
         .route("/v1/chat/completions", proxied(Route::Chat))
         .route("/v1/completions", proxied(Route::Completions))

@@ -2,6 +2,9 @@
 //! streaming, output-token asks, an input-token estimate, and audio carried inside chat messages
 //! (OpenAI `input_audio` parts and `audio_url` data URLs, as VibeVoice's vLLM plugin takes it).
 
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
 use axum::http::StatusCode;
 use serde_json::Value;
 
@@ -22,10 +25,11 @@ pub enum JsonRoute {
     Speech,
 }
 
-/// What the gateway learned from a JSON body.
+/// What the gateway learned from a JSON body (its texts borrowed from the body where they hold
+/// no escapes).
 #[derive(Debug, Clone)]
-pub struct JsonRequest {
-    pub model: String,
+pub struct JsonRequest<'a> {
+    pub model: Cow<'a, str>,
     pub stream: bool,
     /// Seconds of audio inside chat messages, when any is carried.
     pub audio_seconds: Option<f64>,
@@ -33,7 +37,7 @@ pub struct JsonRequest {
     /// Estimated input tokens (characters / [`CHARS_PER_TOKEN`], rounded up, plus token ids).
     pub input_tokens_estimate: u64,
     /// The input texts (message contents, prompt, speech input) for exact counting.
-    pub texts: Vec<String>,
+    pub texts: Vec<Cow<'a, str>>,
     /// Input given as token ids (completions prompts), counted as is.
     pub token_ids: u64,
     /// The field carrying the output-token ask and its value.
@@ -45,12 +49,12 @@ pub struct JsonRequest {
 /// of each message only `content` is kept. The body itself is forwarded as received; a tree is
 /// built only where a body is rewritten. A later duplicate key wins, as in a full parse.
 #[derive(Default)]
-struct Fields {
-    model: Option<Value>,
+struct Fields<'de> {
+    model: Option<Text<'de>>,
     stream: Option<Value>,
     max_tokens: Option<Value>,
     max_completion_tokens: Option<Value>,
-    messages: Option<Messages>,
+    messages: Option<Messages<'de>>,
     prompt: Option<Value>,
     input: Option<Value>,
 }
@@ -102,6 +106,82 @@ macro_rules! visit_as {
             Ok($out)
         }
     };
+}
+
+/// A JSON value where text is expected: the text (borrowed from the body unless it holds
+/// escapes), `null`, or the value of another kind (skipped).
+enum Text<'de> {
+    Str(Cow<'de, str>),
+    Null,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Text<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Text<'de>, D::Error> {
+        struct V<'de>(PhantomData<&'de ()>);
+        impl<'de> serde::de::Visitor<'de> for V<'de> {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text::Str(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text::Str(Cow::Owned(s.to_owned())))
+            }
+            fn visit_unit<E>(self) -> Result<Text<'de>, E> {
+                Ok(Text::Null)
+            }
+            visit_as!(scalars => Text::Other);
+            visit_as!(seq<'de> => Text::Other);
+            visit_as!(map<'de> => Text::Other);
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// A message's `content`: text, a list of parts (each kept whole: the shape check and the
+/// audio probe read them), `null`, or another kind of value.
+enum ContentValue<'de> {
+    Text(Cow<'de, str>),
+    Parts(Vec<Value>),
+    Null,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for ContentValue<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ContentValue<'de>, D::Error> {
+        struct V<'de>(PhantomData<&'de ()>);
+        impl<'de> serde::de::Visitor<'de> for V<'de> {
+            type Value = ContentValue<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<ContentValue<'de>, E> {
+                Ok(ContentValue::Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<ContentValue<'de>, E> {
+                Ok(ContentValue::Text(Cow::Owned(s.to_owned())))
+            }
+            fn visit_unit<E>(self) -> Result<ContentValue<'de>, E> {
+                Ok(ContentValue::Null)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ContentValue<'de>, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(part) = seq.next_element::<Value>()? {
+                    parts.push(part);
+                }
+                Ok(ContentValue::Parts(parts))
+            }
+            visit_as!(scalars => ContentValue::Other);
+            visit_as!(map<'de> => ContentValue::Other);
+        }
+        d.deserialize_any(V(PhantomData))
+    }
 }
 
 /// A key of a JSON object, matched as it is read: serde's `Cow<str>` always builds a `String`,
@@ -204,27 +284,30 @@ impl<'de> serde::Deserialize<'de> for Role {
 }
 
 /// `messages`: an array (the content of each element that is an object), or anything else.
-enum Messages {
-    List(Vec<Content>),
+enum Messages<'de> {
+    List(Vec<Content<'de>>),
     Other,
 }
 
-impl<'de> serde::Deserialize<'de> for Fields {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Fields;
+impl<'de> serde::Deserialize<'de> for Fields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Fields<'de>, D::Error> {
+        struct V<'de>(PhantomData<&'de ()>);
+        impl<'de> serde::de::Visitor<'de> for V<'de> {
+            type Value = Fields<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<Fields, A::Error> {
+            ) -> Result<Fields<'de>, A::Error> {
                 let mut out = Fields::default();
                 while let Some(Ident(key)) = map.next_key::<Ident<FieldKey>>()? {
                     let slot = match key {
-                        FieldKey::Model => &mut out.model,
+                        FieldKey::Model => {
+                            out.model = Some(map.next_value::<Text<'de>>()?);
+                            continue;
+                        }
                         FieldKey::Stream => &mut out.stream,
                         FieldKey::MaxTokens => &mut out.max_tokens,
                         FieldKey::MaxCompletionTokens => &mut out.max_completion_tokens,
@@ -244,25 +327,25 @@ impl<'de> serde::Deserialize<'de> for Fields {
                 Ok(out)
             }
         }
-        d.deserialize_map(V)
+        d.deserialize_map(V(PhantomData))
     }
 }
 
-impl<'de> serde::Deserialize<'de> for Messages {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Messages, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Messages;
+impl<'de> serde::Deserialize<'de> for Messages<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Messages<'de>, D::Error> {
+        struct V<'de>(PhantomData<&'de ()>);
+        impl<'de> serde::de::Visitor<'de> for V<'de> {
+            type Value = Messages<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("any JSON value")
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
                 mut seq: A,
-            ) -> Result<Messages, A::Error> {
+            ) -> Result<Messages<'de>, A::Error> {
                 // serde_json gives no size hint; most chats hold a few messages.
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(4).min(256));
-                while let Some(m) = seq.next_element::<Content>()? {
+                while let Some(m) = seq.next_element::<Content<'de>>()? {
                     out.push(m);
                 }
                 Ok(Messages::List(out))
@@ -271,38 +354,40 @@ impl<'de> serde::Deserialize<'de> for Messages {
             visit_as!(scalars => Messages::Other);
             visit_as!(text => Messages::Other);
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(PhantomData))
     }
 }
 
 /// One element of `messages`: whether it is an object, and its `role` and `content` when it has
 /// them (what the shape check and the token estimate need; the rest is skipped).
 #[derive(Default)]
-struct Content {
+struct Content<'de> {
     object: bool,
     role: Option<Role>,
-    content: Option<Value>,
+    content: Option<ContentValue<'de>>,
 }
 
-impl<'de> serde::Deserialize<'de> for Content {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Content, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Content;
+impl<'de> serde::Deserialize<'de> for Content<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Content<'de>, D::Error> {
+        struct V<'de>(PhantomData<&'de ()>);
+        impl<'de> serde::de::Visitor<'de> for V<'de> {
+            type Value = Content<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("any JSON value")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
-            ) -> Result<Content, A::Error> {
+            ) -> Result<Content<'de>, A::Error> {
                 let mut out = Content {
                     object: true,
                     ..Content::default()
                 };
                 while let Some(Ident(key)) = map.next_key::<Ident<MessageKey>>()? {
                     match key {
-                        MessageKey::Content => out.content = Some(map.next_value::<Value>()?),
+                        MessageKey::Content => {
+                            out.content = Some(map.next_value::<ContentValue<'de>>()?);
+                        }
                         MessageKey::Role => out.role = Some(map.next_value::<Role>()?),
                         MessageKey::Other => {
                             map.next_value::<serde::de::IgnoredAny>()?;
@@ -315,7 +400,7 @@ impl<'de> serde::Deserialize<'de> for Content {
             visit_as!(scalars => Content::default());
             visit_as!(text => Content::default());
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(PhantomData))
     }
 }
 
@@ -404,7 +489,7 @@ fn chat_audio_blob(part: &Value) -> Option<Result<Vec<u8>, ApiError>> {
 }
 
 /// Parses and checks a JSON body for `route`.
-pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiError> {
+pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, ApiError> {
     if json_depth_exceeds(bytes, MAX_JSON_DEPTH) {
         return Err(ApiError::bad_request(
             "json_too_deep",
@@ -412,7 +497,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels"),
         ));
     }
-    let fields: Fields = serde_json::from_slice(bytes).map_err(|e| {
+    let fields: Fields<'_> = serde_json::from_slice(bytes).map_err(|e| {
         let message =
             if e.is_data() && bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
                 "request body must be a JSON object".to_string()
@@ -422,15 +507,15 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
         ApiError::bad_request("invalid_json", None, message)
     })?;
     let model = match fields.model {
-        Some(Value::String(s)) if !s.trim().is_empty() => s,
-        Some(Value::String(_)) | None | Some(Value::Null) => {
+        Some(Text::Str(s)) if !s.trim().is_empty() => s,
+        Some(Text::Str(_)) | None | Some(Text::Null) => {
             return Err(ApiError::bad_request(
                 "missing_model",
                 Some("model"),
                 "`model` is required",
             ));
         }
-        Some(_) => {
+        Some(Text::Other) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_type",
@@ -470,7 +555,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             },
         }
     }
-    let mut texts: Vec<String> = Vec::new();
+    let mut texts: Vec<Cow<'_, str>> = Vec::new();
     let mut token_ids = 0u64;
     let mut audio_total: Option<f64> = None;
     let mut has_audio = false;
@@ -497,11 +582,11 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             check_messages(&messages)?;
             for content in messages.into_iter().map(|m| m.content) {
                 match content {
-                    Some(Value::String(s)) => texts.push(s),
-                    Some(Value::Array(parts)) => {
+                    Some(ContentValue::Text(s)) => texts.push(s),
+                    Some(ContentValue::Parts(parts)) => {
                         for part in &parts {
                             if let Some(t) = part.get("text").and_then(Value::as_str) {
-                                texts.push(t.to_string());
+                                texts.push(Cow::Owned(t.to_string()));
                             }
                             if let Some(blob) = chat_audio_blob(part) {
                                 has_audio = true;
@@ -516,11 +601,11 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             }
         }
         JsonRoute::Completions => match fields.prompt {
-            Some(Value::String(s)) => texts.push(s),
+            Some(Value::String(s)) => texts.push(Cow::Owned(s)),
             Some(Value::Array(items)) => {
                 for i in &items {
                     if let Some(s) = i.as_str() {
-                        texts.push(s.to_string());
+                        texts.push(Cow::Owned(s.to_string()));
                     } else {
                         // Token-id prompts: count the ids themselves.
                         token_ids += i.as_array().map(|a| a.len()).unwrap_or(1) as u64;
@@ -530,7 +615,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest, ApiErro
             _ => {}
         },
         JsonRoute::Speech => match fields.input {
-            Some(Value::String(s)) => texts.push(s),
+            Some(Value::String(s)) => texts.push(Cow::Owned(s)),
             _ => {
                 return Err(ApiError::bad_request(
                     "missing_field",
@@ -565,7 +650,7 @@ pub const CHAT_ROLES: &[&str] = &[
 /// Rejects message shapes the OpenAI API rejects (400 `invalid_request_error`), before they are
 /// forwarded: an empty list, a message that is not an object, a missing or unknown role, content
 /// that is neither a string nor a list of typed parts (null only where a role may omit it).
-fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
+fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
             "invalid_value",
@@ -611,8 +696,8 @@ fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
         // Named only in an error: formatted when one is returned.
         let content_param = || format!("messages[{i}].content");
         match &m.content {
-            Some(Value::String(_)) => {}
-            Some(Value::Array(parts)) => {
+            Some(ContentValue::Text(_)) => {}
+            Some(ContentValue::Parts(parts)) => {
                 for (j, part) in parts.iter().enumerate() {
                     let typed = part
                         .as_object()
@@ -628,15 +713,15 @@ fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
                 }
             }
             // The assistant may omit content when it calls tools; so may the legacy function role.
-            None | Some(Value::Null) if matches!(role, "assistant" | "function") => {}
-            None | Some(Value::Null) => {
+            None | Some(ContentValue::Null) if matches!(role, "assistant" | "function") => {}
+            None | Some(ContentValue::Null) => {
                 return Err(ApiError::bad_request(
                     "missing_field",
                     Some(&content_param()),
                     format!("`{}` is required for the `{role}` role", content_param()),
                 ));
             }
-            Some(_) => {
+            Some(ContentValue::Other) => {
                 return Err(ApiError::bad_request(
                     "invalid_type",
                     Some(&content_param()),
@@ -652,8 +737,8 @@ fn check_messages(messages: &[Content]) -> Result<(), ApiError> {
 }
 
 /// The stated estimate used without a tokenizer: characters / [`CHARS_PER_TOKEN`], rounded up.
-pub fn estimate_tokens(texts: &[String]) -> u64 {
-    let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+pub fn estimate_tokens<T: AsRef<str>>(texts: &[T]) -> u64 {
+    let chars: usize = texts.iter().map(|t| t.as_ref().chars().count()).sum();
     chars.div_ceil(CHARS_PER_TOKEN) as u64
 }
 
@@ -715,7 +800,8 @@ mod tests {
                 {"type": "audio_url", "audio_url": {"url": format!("data:audio/wav;base64,{}", b64(&wav))}}
             ]}]
         });
-        let r = parse_json(JsonRoute::Chat, body.to_string().as_bytes()).unwrap();
+        let text = body.to_string();
+        let r = parse_json(JsonRoute::Chat, text.as_bytes()).unwrap();
         assert!(r.has_audio);
         assert_eq!(r.audio_seconds, Some(6.0));
         let bad = serde_json::json!({
@@ -866,6 +952,11 @@ mod tests {
         assert_eq!(r.model, "b");
         assert_eq!(r.texts, vec!["hello".to_string(), "yo".to_string()]);
         assert!(!r.stream);
+        // Texts without escapes are read in place; an escaped one is unescaped into its own.
+        assert!(matches!(&r.model, Cow::Borrowed(_)) && matches!(&r.texts[0], Cow::Borrowed(_)));
+        let escaped = br#"{"model":"m\u0031","messages":[{"role":"user","content":"a\nb"}]}"#;
+        let r = parse_json(JsonRoute::Chat, escaped).unwrap();
+        assert_eq!((r.model.as_ref(), r.texts[0].as_ref()), ("m1", "a\nb"));
         let code = |b: &[u8]| parse_json(JsonRoute::Chat, b).unwrap_err();
         let e = code(b"[1,2]");
         assert_eq!(

@@ -297,14 +297,6 @@ impl Stream for Passthrough {
     }
 }
 
-/// Whether a response is an SSE stream.
-pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.as_bytes().get(..b"text/event-stream".len()))
-        .is_some_and(|v| v.eq_ignore_ascii_case(b"text/event-stream"))
-}
-
 /// A header name the gateway adds to responses.
 pub fn header(name: &'static str) -> HeaderName {
     HeaderName::from_static(name)

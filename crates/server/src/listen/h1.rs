@@ -18,18 +18,17 @@ use std::io::ErrorKind;
 use std::mem::MaybeUninit;
 use std::pin::{Pin, pin};
 use std::sync::LazyLock;
-use std::task::Poll;
+use std::task::{Poll, ready};
 
 use axum::body::{Body, HttpBody};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
-use axum::response::Response;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::app::{self, Shared};
-use crate::request::Route;
-use crate::upstream::wire::{header_line, list_tokens};
+use crate::request::{Reply, Route};
+use crate::upstream::wire::{Forwarded, header_line, list_tokens};
 
 /// Longest head this path parses; a longer one goes to hyper (which has its own limits).
 const MAX_HEAD: usize = 16 * 1024;
@@ -44,6 +43,8 @@ const DRAINED_BY_A_SHORT_READ: bool = cfg!(any(target_os = "linux", target_os = 
 const READ_CHUNK: usize = 16 * 1024;
 /// Most bytes of a next (pipelined) request read ahead while an answer is pending.
 const MAX_AHEAD: usize = 64 * 1024;
+/// Where the connection's deadline timer stands before its first request.
+const IDLE_TIMER: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
 /// A data frame at least this large is written from its own buffer, not copied.
 const COPY_LIMIT: usize = 16 * 1024;
 
@@ -83,24 +84,35 @@ struct Conn {
     tcp: TcpStream,
     buf: BytesMut,
     out: Vec<u8>,
+    /// The shutdown future has been polled (and holds this task's waker).
+    stop_armed: bool,
 }
 
 /// Serves `tcp` until it closes or a request needs hyper. `stopping` resolves when the server
-/// shuts down; from then on (`draining`) an idle connection closes and a busy one closes after
-/// its answer.
+/// shuts down, and `stopped` says whether it has: `stopping` is polled once, which leaves this
+/// task's waker with the shutdown, and from then on the cheap `stopped` is read whenever the
+/// task wakes (an idle wait, an answer done). From then on (`draining`) an idle connection
+/// closes and a busy one closes after its answer.
 pub(super) async fn serve<F>(
     tcp: TcpStream,
     state: &Shared,
     mut stopping: Pin<&mut F>,
+    stopped: impl Fn() -> bool,
     draining: &mut bool,
 ) -> Ended
 where
     F: Future<Output = ()>,
 {
+    // The deadline timer of every request this connection carries (none is armed until the
+    // first request); see [`crate::request::Timer`].
+    let mut timer = pin!(tokio::time::sleep_until(
+        tokio::time::Instant::now() + IDLE_TIMER
+    ));
     let mut conn = Conn {
         tcp,
         buf: BytesMut::new(),
         out: Vec::with_capacity(1024),
+        stop_armed: false,
     };
     loop {
         let (route, request, asked_close) = loop {
@@ -123,7 +135,7 @@ where
                     if conn.buf.is_empty() && *draining {
                         return Ended::Closed;
                     }
-                    if !conn.read_more(stopping.as_mut(), draining).await {
+                    if !conn.read_more(stopping.as_mut(), &stopped, draining).await {
                         return Ended::Closed;
                     }
                 }
@@ -131,12 +143,18 @@ where
         };
         // Pinned here, in this loop's own state, and lent to `answer`: the request path's
         // future (kilobytes) is then not moved again into `answer`'s arguments and its pin.
-        let answer = pin!(app::proxied(state.clone(), route, request));
-        let Some(response) = conn.answer(answer, stopping.as_mut(), draining).await else {
+        let answer = pin!(app::proxied(
+            state.clone(),
+            route,
+            request,
+            Some(timer.as_mut())
+        ));
+        let Some(reply) = conn.answer(answer).await else {
             return Ended::Closed;
         };
-        let close = asked_close || *draining || closes(response.headers());
-        if !conn.write(response, close).await || close {
+        *draining |= stopped();
+        let close = asked_close || *draining || closes(reply.response.headers());
+        if !conn.write(reply, close).await || close {
             let _ = conn.tcp.shutdown().await;
             return Ended::Closed;
         }
@@ -146,26 +164,42 @@ where
 impl Conn {
     /// Waits for more bytes from the client. `false` when it closed (or the server is draining
     /// and nothing of a next request arrived).
-    async fn read_more<F>(&mut self, mut stopping: Pin<&mut F>, draining: &mut bool) -> bool
+    async fn read_more<F>(
+        &mut self,
+        mut stopping: Pin<&mut F>,
+        stopped: &impl Fn() -> bool,
+        draining: &mut bool,
+    ) -> bool
     where
         F: Future<Output = ()>,
     {
-        loop {
-            tokio::select! {
-                biased;
-                _ = stopping.as_mut(), if !*draining => {
+        poll_fn(|cx| {
+            loop {
+                let stop = if self.stop_armed {
+                    stopped()
+                } else {
+                    self.stop_armed = true;
+                    stopping.as_mut().poll(cx).is_ready()
+                };
+                if !*draining && stop {
                     *draining = true;
                     if self.buf.is_empty() {
-                        return false;
+                        return Poll::Ready(false);
                     }
                 }
-                ready = self.tcp.readable() => match ready.map(|()| self.read_once()) {
-                    Ok(Read::Got(_)) => return true,
-                    Ok(Read::NotYet) => {}
-                    Ok(Read::Closed) | Err(_) => return false,
-                },
+                // The socket's own reader wake-up slot, not a waiter queued (and unqueued) on
+                // it for each wait, as `readable()` is.
+                if ready!(self.tcp.poll_read_ready(cx)).is_err() {
+                    return Poll::Ready(false);
+                }
+                match self.read_once() {
+                    Read::Got(_) => return Poll::Ready(true),
+                    Read::NotYet => {}
+                    Read::Closed => return Poll::Ready(false),
+                }
             }
-        }
+        })
+        .await
     }
 
     /// One read from the client into the buffer, without waiting.
@@ -213,29 +247,29 @@ impl Conn {
     /// The request path's answer, or `None` when the client left first (the answer's future is
     /// dropped, which cancels the request wherever it was). Bytes of a next request that arrive
     /// meanwhile are kept.
-    async fn answer<A, F>(
-        &mut self,
-        mut answer: Pin<&mut A>,
-        mut stopping: Pin<&mut F>,
-        draining: &mut bool,
-    ) -> Option<Response>
+    async fn answer<A>(&mut self, mut answer: Pin<&mut A>) -> Option<Reply>
     where
-        A: Future<Output = Response>,
-        F: Future<Output = ()>,
+        A: Future<Output = Reply>,
     {
         let mut watching = true;
-        loop {
-            tokio::select! {
-                biased;
-                response = answer.as_mut() => return Some(response),
-                _ = stopping.as_mut(), if !*draining => *draining = true,
-                ready = self.tcp.readable(), if watching => {
-                    if ready.is_err() || !self.read_ahead(&mut watching) {
-                        return None;
+        poll_fn(|cx| {
+            if let Poll::Ready(reply) = answer.as_mut().poll(cx) {
+                return Poll::Ready(Some(reply));
+            }
+            while watching {
+                match self.tcp.poll_read_ready(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(Err(_)) => return Poll::Ready(None),
+                    Poll::Ready(Ok(())) => {
+                        if !self.read_ahead(&mut watching) {
+                            return Poll::Ready(None);
+                        }
                     }
                 }
             }
-        }
+            Poll::Pending
+        })
+        .await
     }
 
     /// One read while an answer is pending: `false` when the client closed.
@@ -252,11 +286,11 @@ impl Conn {
 
     /// Writes `response`; `false` when the connection cannot carry another request (the client
     /// left, the body failed, or it did not match its declared length).
-    async fn write(&mut self, response: Response, close: bool) -> bool {
-        let (parts, mut body) = response.into_parts();
+    async fn write(&mut self, reply: Reply, close: bool) -> bool {
+        let (parts, mut body) = reply.response.into_parts();
         let framing = framing(parts.status, &parts.headers, &body);
         self.out.clear();
-        write_head(&mut self.out, &parts, framing, close);
+        write_head(&mut self.out, &parts, &reply.forwarded, framing, close);
         if framing == Framing::None {
             return self.flush().await;
         }
@@ -494,10 +528,12 @@ fn framing(status: axum::http::StatusCode, headers: &HeaderMap, body: &Body) -> 
     }
 }
 
-/// Status line and fields; the framing fields are the ones this writer chose.
+/// Status line and fields (the upstream's, then the gateway's); the framing fields are the ones
+/// this writer chose.
 fn write_head(
     out: &mut Vec<u8>,
     parts: &axum::http::response::Parts,
+    forwarded: &Forwarded,
     framing: Framing,
     close: bool,
 ) {
@@ -512,6 +548,7 @@ fn write_head(
             .as_bytes(),
     );
     out.extend_from_slice(b"\r\n");
+    forwarded.write(&parts.headers, out);
     for (name, value) in parts.headers.iter() {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
             continue;
@@ -530,7 +567,7 @@ fn write_head(
     if close && !parts.headers.contains_key(header::CONNECTION) {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    if !parts.headers.contains_key(header::DATE) {
+    if !forwarded.has_date() && !parts.headers.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
         date::with(|d| out.extend_from_slice(d));
         out.extend_from_slice(b"\r\n");
@@ -640,7 +677,7 @@ mod tests {
 
     #[test]
     fn the_head_written_frames_the_body_as_hyper_would() {
-        let response = Response::builder()
+        let response = axum::response::Response::builder()
             .status(200)
             .header("content-type", "application/json")
             .body(Body::from("{}"))
@@ -649,7 +686,7 @@ mod tests {
         let framing = framing(parts.status, &parts.headers, &body);
         assert!(framing == Framing::Length(2));
         let mut out = Vec::new();
-        write_head(&mut out, &parts, framing, true);
+        write_head(&mut out, &parts, &Forwarded::default(), framing, true);
         let text = String::from_utf8(out).unwrap();
         assert!(text.starts_with("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\ndate: "), "{text}");
         assert!(text.ends_with(" GMT\r\n\r\n"), "{text}");
@@ -665,13 +702,46 @@ mod tests {
         assert_eq!(hex, b"0 9 a ff 1000 ");
         for (n, text) in [(0, "0"), (u64::MAX, "18446744073709551615")] {
             let mut out = Vec::new();
-            write_head(&mut out, &parts, Framing::Length(n), false);
+            write_head(
+                &mut out,
+                &parts,
+                &Forwarded::default(),
+                Framing::Length(n),
+                false,
+            );
             let head = String::from_utf8(out).unwrap();
             assert!(
                 head.contains(&format!("\r\ncontent-length: {text}\r\n")),
                 "{head}"
             );
         }
+    }
+
+    #[test]
+    fn the_upstreams_fields_are_written_as_sent_and_the_gateways_replace_theirs() {
+        let mut wire = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nServer: e\r\nDate: then\r\nX-Headroom-Lane: up\r\n\
+               Endpoint-Load-Metrics: up\r\nContent-Type: application/json\r\n\
+               Content-Length: 2\r\n\r\n"[..],
+        );
+        let mut head = crate::upstream::wire::parse_head(&mut wire)
+            .unwrap()
+            .unwrap();
+        head.forwarded.add("x-headroom-lane", b"text");
+        let response = axum::response::Response::builder()
+            .header("endpoint-load-metrics", "gw")
+            .body(Body::from("{}"))
+            .unwrap();
+        let (parts, _) = response.into_parts();
+        let mut out = Vec::new();
+        write_head(&mut out, &parts, &head.forwarded, Framing::Length(2), false);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nServer: e\r\nDate: then\r\nContent-Type: application/json\r\n\
+             x-headroom-lane: text\r\nendpoint-load-metrics: gw\r\ncontent-length: 2\r\n\r\n",
+            "the upstream's fields as it wrote them, its date kept (no second one), and its \
+             x-headroom-lane and load report giving way to the gateway's"
+        );
     }
 
     fn framing_of(status: u16, body: &Body) -> Framing {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::Service;
@@ -80,8 +80,14 @@ async fn connection(
 ) {
     let mut stopping = pin!(stop.closed());
     let mut draining = false;
-    if let h1::Ended::Handover(read, tcp) =
-        h1::serve(tcp, &state, stopping.as_mut(), &mut draining).await
+    if let h1::Ended::Handover(read, tcp) = h1::serve(
+        tcp,
+        &state,
+        stopping.as_mut(),
+        || stop.is_closed(),
+        &mut draining,
+    )
+    .await
     {
         let io = rewind::Rewind::new(read, tcp);
         with_hyper(io, state, router, stopping, draining).await;
@@ -107,7 +113,9 @@ async fn with_hyper<F>(
         async move {
             Ok::<Response, Infallible>(
                 match Route::proxied(req.method().as_str(), req.uri().path()) {
-                    Some(route) => app::proxied(state, route, req.map(Body::new)).await,
+                    Some(route) => app::proxied(state, route, req.map(Body::new), None)
+                        .await
+                        .into_response(),
                     None => admin.call(req).await?,
                 },
             )

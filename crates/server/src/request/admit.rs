@@ -4,25 +4,24 @@
 
 use std::time::Duration;
 
-use axum::http::HeaderMap;
+use axum::http::HeaderValue;
 use axum::response::Response;
 use headroom_gate::{AdmitRequest, Permit, RejectReason, Rejection};
 use tokio::time::Instant;
 
 use super::{Deadline, Facts, Lane, Route};
-use crate::app::{AppState, TIMEOUT_HEADER, fallback_response};
+use crate::app::{AppState, fallback_response};
 use crate::config::FallbackKind;
 use crate::error::ApiError;
 use crate::telemetry::EARLY_RETRIES_TOTAL;
 
 /// The deadline of a request that arrived at `arrival`.
-pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, headers: &HeaderMap) -> Deadline {
+pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, asked: Option<&HeaderValue>) -> Deadline {
     let mut deadline = Deadline {
         at: arrival + lane.config.spec.request_timeout,
         timeout: lane.config.spec.request_timeout,
     };
-    if let Some(ms) = headers
-        .get(const { axum::http::HeaderName::from_static(TIMEOUT_HEADER) })
+    if let Some(ms) = asked
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
     {
@@ -41,7 +40,7 @@ pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, headers: &HeaderMap) ->
 pub(super) async fn admit(
     s: &AppState,
     lane: Lane<'_>,
-    seen: &Facts,
+    seen: &Facts<'_>,
     deadline: Deadline,
 ) -> Result<Permit, Rejection> {
     let request = AdmitRequest {
@@ -72,7 +71,7 @@ pub(super) fn refused(
     s: &AppState,
     lane: Lane<'_>,
     route: Route,
-    seen: &Facts,
+    seen: &Facts<'_>,
     body: &[u8],
     rejection: &Rejection,
 ) -> Result<Response, ApiError> {

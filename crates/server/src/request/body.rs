@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
@@ -81,12 +81,12 @@ where
 pub(super) async fn read(
     body: Body,
     headers: &HeaderMap,
+    declared: Option<&HeaderValue>,
     targets: &Targets<'_>,
     arrival: tokio::time::Instant,
 ) -> Result<Bytes, ApiError> {
     let read_cap = targets.widest(|l| l.max_body_bytes);
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
+    let declared = declared
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut stream = body.into_data_stream();

@@ -1,7 +1,7 @@
 //! Lane choice: which lanes serve the route (and the one a client names with `x-headroom-lane`)
 //! before the body is read, and the lane for the request once its facts are known.
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 
 use super::{Facts, Lane, Route};
 use crate::app::LANE_HEADER;
@@ -18,7 +18,7 @@ pub(super) struct Targets<'a> {
 pub(super) fn candidates<'a>(
     config: &'a ServeConfig,
     route: Route,
-    headers: &HeaderMap,
+    asked: Option<&HeaderValue>,
 ) -> Result<Targets<'a>, ApiError> {
     let lanes: Vec<(usize, &LaneConfig)> = config
         .lanes
@@ -34,7 +34,7 @@ pub(super) fn candidates<'a>(
         )
         .closing());
     }
-    let named = match headers.get(const { axum::http::HeaderName::from_static(LANE_HEADER) }) {
+    let named = match asked {
         None => None,
         Some(v) => {
             let name = v.to_str().unwrap_or("");
@@ -86,7 +86,7 @@ fn model_matches(patterns: &[String], model: &str) -> bool {
 pub(super) fn choose<'a>(
     targets: &Targets<'a>,
     route: Route,
-    seen: &Facts,
+    seen: &Facts<'_>,
 ) -> Result<Lane<'a>, ApiError> {
     let lanes = &targets.lanes;
     let lane = |&(index, config): &(usize, &'a LaneConfig)| Lane { index, config };

@@ -14,7 +14,7 @@ use crate::inspect::CHARS_PER_TOKEN;
 pub(super) async fn check(
     lane: Lane<'_>,
     route: Route,
-    seen: &Facts,
+    seen: &Facts<'_>,
     body_len: usize,
 ) -> Result<(), ApiError> {
     body_size(lane, body_len)?;
@@ -30,7 +30,7 @@ fn body_size(lane: Lane<'_>, body_len: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-async fn input_tokens(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
+async fn input_tokens(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {
     let Some(max) = lane.config.max_input_tokens else {
         return Ok(());
     };
@@ -42,7 +42,8 @@ async fn input_tokens(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
     };
     let (tokens, how) = match &lane.config.tokenizer {
         Some(counter) => {
-            let (counter, texts) = (counter.clone(), seen.texts.clone());
+            let counter = counter.clone();
+            let texts: Vec<String> = seen.texts.iter().map(|t| t.to_string()).collect();
             let counted = tokio::task::spawn_blocking(move || counter.count(&texts))
                 .await
                 .map_err(|e| e.to_string())
@@ -67,7 +68,7 @@ async fn input_tokens(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn audio_length(lane: Lane<'_>, seen: &Facts) -> Result<(), ApiError> {
+fn audio_length(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {
     let Some(max) = lane.config.max_audio_seconds else {
         return Ok(());
     };
@@ -94,7 +95,7 @@ pub(crate) const AUDIO_DURATION_HEADER: &str = "x-headroom-audio-duration";
 /// For a lane with `max_audio_seconds`, audio whose duration is unknown counts as that many
 /// seconds (so GPU memory per audio second and the cost estimate are never under-counted).
 /// Returns whether the duration was assumed.
-pub(super) fn assume_unknown_duration(lane: Lane<'_>, seen: &mut Facts) -> bool {
+pub(super) fn assume_unknown_duration(lane: Lane<'_>, seen: &mut Facts<'_>) -> bool {
     match lane.config.max_audio_seconds {
         Some(max) if seen.has_audio && seen.audio_seconds.is_none() => {
             seen.audio_seconds = Some(max);
@@ -105,7 +106,7 @@ pub(super) fn assume_unknown_duration(lane: Lane<'_>, seen: &mut Facts) -> bool 
 }
 
 /// In `reject` mode, an ask over the lane's output-token cap is refused (`cap` mode rewrites it).
-fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts) -> Result<(), ApiError> {
+fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts<'_>) -> Result<(), ApiError> {
     let Some(cap) = lane.config.max_output_tokens.filter(|_| seen.json) else {
         return Ok(());
     };

@@ -4,6 +4,7 @@
 //! outline; the facts read from the request travel between the steps as plain structs.
 
 mod admit;
+mod asked;
 mod body;
 mod forward;
 mod lane;
@@ -13,15 +14,20 @@ mod respond;
 mod rewrite;
 mod validate;
 
-use axum::extract::Request;
-use axum::response::Response;
-use tokio::time::Instant;
+use std::borrow::Cow;
+use std::pin::Pin;
 
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use tokio::time::{Instant, Sleep};
+
+use self::asked::Asked;
 use crate::app::Shared;
 use crate::config::LaneConfig;
 use crate::error::ApiError;
 use crate::inspect::JsonRoute;
 use crate::proxy::Flight;
+use crate::upstream::wire::Forwarded;
 
 /// The OpenAI routes the gateway proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,13 +83,13 @@ impl Route {
 }
 
 /// What the gateway read from a request body before choosing a lane.
-struct Facts {
-    model: Option<String>,
+struct Facts<'a> {
+    model: Option<Cow<'a, str>>,
     stream: bool,
     has_audio: bool,
     audio_seconds: Option<f64>,
     input_tokens: u64,
-    texts: Vec<String>,
+    texts: Vec<Cow<'a, str>>,
     token_ids: u64,
     max_tokens: Option<(&'static str, u64)>,
     /// The body is JSON (forwarded as received unless a step rewrites it).
@@ -112,24 +118,68 @@ struct Deadline {
     timeout: std::time::Duration,
 }
 
-/// Serves one proxied request, step by step.
-pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Response, ApiError> {
+/// A response, and the upstream's end-to-end header fields kept as the upstream wrote them until
+/// the response is written: the fast path ([`crate::listen::h1`]) writes them as they are, and
+/// hyper's path makes them part of the response's map ([`IntoResponse`]). The response's own
+/// map holds the gateway's fields, which replace an upstream's of the same name.
+pub(crate) struct Reply {
+    pub(crate) response: Response,
+    pub(crate) forwarded: Forwarded,
+}
+
+impl From<Response> for Reply {
+    fn from(response: Response) -> Reply {
+        Reply {
+            response,
+            forwarded: Forwarded::default(),
+        }
+    }
+}
+
+impl IntoResponse for Reply {
+    fn into_response(mut self) -> Response {
+        let own = std::mem::take(self.response.headers_mut());
+        *self.response.headers_mut() = self.forwarded.into_map(own);
+        self.response
+    }
+}
+
+/// A connection's deadline timer, re-armed for each request it carries: moving a registered
+/// timer's deadline later is one atomic update, where a timer of the request's own is put into
+/// the runtime's timer wheel and taken out again (a lock each) on every request.
+pub(crate) type Timer<'t> = Option<Pin<&'t mut Sleep>>;
+
+/// Serves one proxied request, step by step. `timer`: the connection's, when it has one.
+pub(crate) async fn handle(
+    s: Shared,
+    route: Route,
+    req: Request,
+    mut timer: Timer<'_>,
+) -> Result<Reply, ApiError> {
     let arrival = Instant::now();
     let (parts, body) = req.into_parts();
-    let targets = lane::candidates(&s.config, route, &parts.headers)?;
-    let bytes = body::read(body, &parts.headers, &targets, arrival).await?;
-    let mut facts = validate::inspect(route, &parts.headers, &bytes)?;
+    let asked = Asked::of(&parts.headers);
+    let targets = lane::candidates(&s.config, route, asked.lane)?;
+    let bytes = body::read(
+        body,
+        &parts.headers,
+        asked.content_length,
+        &targets,
+        arrival,
+    )
+    .await?;
+    let mut facts = validate::inspect(route, asked.content_type(), &bytes)?;
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
     let assumed_duration = limits::assume_unknown_duration(lane, &mut facts);
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes.clone());
-    let deadline = admit::deadline(arrival, lane, &parts.headers);
+    let deadline = admit::deadline(arrival, lane, asked.timeout);
     // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
     if let Some(e) = crate::admin_box::unavailable(&s, lane.name(), &lane.config.spec.upstreams) {
         s.telemetry.outcome(lane.name(), "backend_unavailable");
         return Err(e);
     }
-    let client = crate::retry_watch::client_of(&parts.headers);
+    let client = crate::retry_watch::client_of(asked.client_id());
     admit::note_early_retry(&s, lane, client);
     let permit = match admit::admit(&s, lane, &facts, deadline).await {
         Ok(permit) => permit,
@@ -138,7 +188,7 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
                 s.retries
                     .refused(lane.name(), c, rejection.retry_after, Instant::now());
             }
-            return admit::refused(&s, lane, route, &facts, &bytes, &rejection);
+            return admit::refused(&s, lane, route, &facts, &bytes, &rejection).map(Reply::from);
         }
     };
     let mut preempted = preempt::arm(&permit);
@@ -149,7 +199,14 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
     let mut flight = Flight::new(s.telemetry.clone(), arrival, permit);
     let response = loop {
         let send = forward::send(endpoint, &outgoing);
-        let sent = preempt::race(send, preempted.as_mut(), deadline, &mut flight).await?;
+        let sent = preempt::race(
+            send,
+            preempted.as_mut(),
+            deadline,
+            timer.as_mut().map(Pin::as_mut),
+            &mut flight,
+        )
+        .await?;
         match forward::received(sent, &mut flight)? {
             forward::Attempt::Answered(response) => break response,
             forward::Attempt::Rerouted => {
@@ -161,21 +218,21 @@ pub(crate) async fn handle(s: Shared, route: Route, req: Request) -> Result<Resp
             }
         }
     };
-    let mut response =
+    let mut reply =
         respond::respond(lane, response, flight, deadline, queue_wait, preempted).await?;
     if let Some(settled) = settled {
-        response.headers_mut().insert(
+        reply.response.headers_mut().insert(
             preempt::SETTLE_HEADER,
             axum::http::HeaderValue::from(settled.as_millis() as u64),
         );
     }
     if assumed_duration {
-        response.headers_mut().insert(
+        reply.response.headers_mut().insert(
             limits::AUDIO_DURATION_HEADER,
             axum::http::HeaderValue::from_static(
                 "unknown; admitted as the lane's max_audio_seconds",
             ),
         );
     }
-    Ok(response)
+    Ok(reply)
 }

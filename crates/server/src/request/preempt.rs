@@ -4,14 +4,15 @@
 //! wait (`preempt_settle`) until their engine has really stopped them.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
+use std::task::Poll;
 use std::time::Duration;
 
 use headroom_gate::Permit;
 use tokio::sync::futures::OwnedNotified;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
-use super::Deadline;
+use super::{Deadline, Timer};
 use crate::app::Shared;
 use crate::error::ApiError;
 use crate::proxy::Flight;
@@ -38,29 +39,65 @@ pub(super) fn arm(permit: &Permit) -> Option<Waiter> {
     })
 }
 
-/// Awaits `send` until the deadline; a preemption or the deadline ends the flight with its error.
-/// Dropping the request future closes its connection, so the engine stops.
+/// Awaits `send` until the deadline (on the connection's `timer` when there is one, else on a
+/// timer of its own); a preemption or the deadline ends the flight with its error. Dropping the
+/// request future closes its connection, so the engine stops.
 pub(super) async fn race<T>(
     send: impl Future<Output = T>,
     preempted: Option<&mut Waiter>,
     deadline: Deadline,
+    timer: Timer<'_>,
     flight: &mut Flight,
 ) -> Result<T, ApiError> {
-    let send = tokio::time::timeout_at(deadline.at, send);
-    let sent = match preempted {
-        None => send.await,
-        Some(waiter) => tokio::select! {
-            r = send => r,
-            _ = waiter.as_mut() => {
-                flight.finish("preempted");
-                return Err(ApiError::preempted(flight.lane()));
-            }
-        },
+    let send = pin!(send);
+    let sent = match timer {
+        Some(mut timer) => {
+            timer.as_mut().reset(deadline.at);
+            until(send, timer, preempted).await
+        }
+        None => until(send, pin!(tokio::time::sleep_until(deadline.at)), preempted).await,
     };
-    sent.map_err(|_| {
-        flight.finish("deadline");
-        ApiError::deadline(flight.lane(), deadline.timeout)
+    match sent {
+        Ended::Sent(r) => Ok(r),
+        Ended::Preempted => {
+            flight.finish("preempted");
+            Err(ApiError::preempted(flight.lane()))
+        }
+        Ended::Deadline => {
+            flight.finish("deadline");
+            Err(ApiError::deadline(flight.lane(), deadline.timeout))
+        }
+    }
+}
+
+/// How [`race`]'s wait ended.
+enum Ended<T> {
+    Sent(T),
+    Preempted,
+    Deadline,
+}
+
+/// `send`'s output, unless the preemption or the timer comes first.
+async fn until<T>(
+    mut send: Pin<&mut impl Future<Output = T>>,
+    mut timer: Pin<&mut Sleep>,
+    mut preempted: Option<&mut Waiter>,
+) -> Ended<T> {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = send.as_mut().poll(cx) {
+            return Poll::Ready(Ended::Sent(r));
+        }
+        if let Some(waiter) = preempted.as_mut()
+            && waiter.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Ended::Preempted);
+        }
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Ended::Deadline),
+            Poll::Pending => Poll::Pending,
+        }
     })
+    .await
 }
 
 /// The job behind `permit` stopped running requests: for each lane it stopped with a

@@ -3,14 +3,14 @@
 //! passed through chunk by chunk under the deadline and preemption.
 
 use axum::body::Body;
-use axum::http::{HeaderName, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use tokio::time::Instant;
 
 use super::preempt::Waiter;
-use super::{Deadline, Lane};
+use super::{Deadline, Lane, Reply};
 use crate::error::{ApiError, from_upstream};
-use crate::proxy::{Flight, Passthrough, is_event_stream};
+use crate::proxy::{Flight, Passthrough};
 use crate::upstream::UpstreamResponse;
 
 /// Largest upstream error body read to rewrite it into OpenAI's shape.
@@ -24,29 +24,27 @@ pub(super) async fn respond(
     deadline: Deadline,
     queue_wait: std::time::Duration,
     preempted: Option<Waiter>,
-) -> Result<Response, ApiError> {
+) -> Result<Reply, ApiError> {
     let status = response.status();
     if status.is_client_error() || status.is_server_error() {
         let body = read_limited(response, deadline.at).await;
         flight.finish("upstream_error");
         return Err(from_upstream(status, &body));
     }
-    let sse = is_event_stream(response.headers());
     // The upstream client has already taken out the connection's own fields (hop-by-hop and
-    // framing): what is left crosses to the client.
-    let mut out_headers = response.take_headers();
-    out_headers.insert(
-        const { HeaderName::from_static(crate::app::LANE_HEADER) },
-        lane.config.lane_header.clone(),
+    // framing): what is left crosses to the client, beside the gateway's own.
+    let mut forwarded = response.take_forwarded();
+    let sse = forwarded.is_event_stream();
+    // The gateway's fields of every response go with the upstream's, as lines: no map is built
+    // for them.
+    forwarded.add(crate::app::LANE_HEADER, lane.config.lane_header.as_bytes());
+    forwarded.add(
+        "x-headroom-queue-wait-ms",
+        itoa::Buffer::new()
+            .format(queue_wait.as_millis() as u64)
+            .as_bytes(),
     );
-    out_headers.insert(
-        const { HeaderName::from_static("x-headroom-queue-wait-ms") },
-        match queue_wait.as_millis() {
-            // Nearly every request waits no whole millisecond: no number to format.
-            0 => HeaderValue::from_static("0"),
-            ms => HeaderValue::from(ms as u64),
-        },
-    );
+    let mut out_headers = HeaderMap::new();
     // A sized, non-SSE body that arrived whole with its head (the common case for a short
     // completion) goes to the client as one buffer, the flight done, instead of through the
     // stream; whatever that first look read otherwise leads the stream.
@@ -79,7 +77,10 @@ pub(super) async fn respond(
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = out_headers;
-    Ok(resp)
+    Ok(Reply {
+        response: resp,
+        forwarded,
+    })
 }
 
 async fn read_limited(mut response: UpstreamResponse, deadline: Instant) -> Vec<u8> {

@@ -9,7 +9,7 @@ use super::{Facts, Lane, Route};
 use crate::config::OutputTokensMode;
 
 /// The body to send upstream.
-pub(super) fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts, body: Bytes) -> Bytes {
+pub(super) fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts<'_>, body: Bytes) -> Bytes {
     let Some(cap) = lane.config.max_output_tokens.filter(|_| seen.json) else {
         return body;
     };

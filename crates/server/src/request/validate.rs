@@ -1,35 +1,34 @@
 //! Validation: the body, by content type, into the [`Facts`] the later steps need: JSON routes
 //! through the inspector, audio uploads through the multipart reader and the audio duration probe.
 
-use axum::http::{HeaderMap, StatusCode, header};
+use std::borrow::Cow;
+
+use axum::http::StatusCode;
 
 use super::{Facts, Route};
 use crate::error::ApiError;
 use crate::inspect::{audio_seconds, parse_json};
 use crate::multipart;
 
-fn content_type(headers: &HeaderMap) -> &str {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-}
-
-/// Reads the request's facts, or the 4xx that explains why the body is not acceptable.
-pub(super) fn inspect(route: Route, headers: &HeaderMap, body: &[u8]) -> Result<Facts, ApiError> {
-    let ctype = content_type(headers);
+/// Reads the request's facts, or the 4xx that explains why the body is not acceptable. `ctype`:
+/// the body's `content-type` as sent.
+pub(super) fn inspect<'a>(
+    route: Route,
+    ctype: &str,
+    body: &'a [u8],
+) -> Result<Facts<'a>, ApiError> {
     match route.json() {
         Some(json_route) => inspect_json(route, json_route, ctype, body),
         None => inspect_upload(route, ctype, body),
     }
 }
 
-fn inspect_json(
+fn inspect_json<'a>(
     route: Route,
     json_route: crate::inspect::JsonRoute,
     ctype: &str,
-    body: &[u8],
-) -> Result<Facts, ApiError> {
+    body: &'a [u8],
+) -> Result<Facts<'a>, ApiError> {
     let mime = ctype.split(';').next().unwrap_or("").trim();
     if !mime.eq_ignore_ascii_case("application/json") {
         return Err(ApiError::new(
@@ -59,7 +58,7 @@ fn inspect_json(
     })
 }
 
-fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts, ApiError> {
+fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts<'static>, ApiError> {
     let boundary = match multipart::boundary(ctype) {
         None => {
             return Err(ApiError::new(
@@ -104,7 +103,8 @@ fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts, ApiEr
     Ok(Facts {
         model: field("model")
             .or_else(|| field("model_name"))
-            .filter(|m| !m.is_empty()),
+            .filter(|m| !m.is_empty())
+            .map(Cow::Owned),
         stream: field("stream").is_some_and(|s| s == "true"),
         has_audio: true,
         audio_seconds: seconds,

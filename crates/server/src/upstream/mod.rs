@@ -103,14 +103,19 @@ pub struct Outgoing<'a> {
 }
 
 impl Outgoing<'_> {
-    /// The request head as it goes on the wire.
+    /// The request head as it goes on the wire, with room after it for a body that is written in
+    /// the same buffer.
     fn head(&self, host: &HeaderValue) -> Result<Vec<u8>, UpstreamError> {
         if let Some(q) = self.query
             && !wire::valid_query(q)
         {
             return Err(UpstreamError::BadTarget(q.to_string()));
         }
-        let mut head = Vec::with_capacity(128 + self.headers.len());
+        let body = match self.body.len() {
+            n if n <= pool::BODY_WITH_HEAD => n,
+            _ => 0,
+        };
+        let mut head = Vec::with_capacity(128 + self.headers.len() + body);
         wire::request_head(
             self.path,
             self.query,

@@ -20,6 +20,8 @@ use super::{CONNECT_TIMEOUT, IDLE_TIMEOUT, MAX_IDLE_PER_UPSTREAM, UpstreamError}
 
 /// Bytes a read asks the socket for at most (the buffer grows to this when it runs low).
 const READ_CHUNK: usize = 16 * 1024;
+/// Largest body written in one buffer after its head (a larger one is written from its own).
+pub(super) const BODY_WITH_HEAD: usize = READ_CHUNK;
 
 /// One HTTP/1 connection: the socket and the bytes read from it that are not yet used.
 pub(super) struct Conn {
@@ -46,10 +48,11 @@ impl Conn {
         })
     }
 
-    /// Writes a request: its head and body, in one write when the body is small.
+    /// Writes a request: its head and body, in one write when the body is small (the head was
+    /// given room for it, [`BODY_WITH_HEAD`]).
     pub(super) async fn write(&mut self, mut head: Vec<u8>, body: &[u8]) -> std::io::Result<()> {
         self.answered = false;
-        if body.len() <= READ_CHUNK {
+        if body.len() <= BODY_WITH_HEAD {
             head.extend_from_slice(body);
             return self.tcp.write_all(&head).await;
         }

@@ -8,12 +8,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use bytes::Bytes;
 use futures_util::Stream;
 
 use super::pool::{Conn, Endpoint, Read};
-use super::wire::{self, Decoder, Framing, Step};
+use super::wire::{self, Decoder, Forwarded, Framing, Step};
 use super::{Outgoing, UpstreamError};
 
 /// Writes the request on `conn` and reads the response head.
@@ -29,7 +29,7 @@ pub(super) async fn exchange(
     let head = std::future::poll_fn(|cx| poll_head(&mut conn, cx)).await?;
     let mut response = UpstreamResponse {
         status: head.status,
-        headers: head.headers,
+        forwarded: head.forwarded,
         // A 204/304 has no body whatever it declares, and no length to pass on.
         length: match head.framing {
             Framing::Length(n) if !matches!(head.status.as_u16(), 204 | 304) => Some(n),
@@ -64,7 +64,7 @@ fn poll_head(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<wire::Head, U
 /// An upstream response: its head, and its body still to read through the connection.
 pub struct UpstreamResponse {
     status: StatusCode,
-    headers: HeaderMap,
+    forwarded: Forwarded,
     /// The declared body length (`Content-Length`), if the body is sized.
     length: Option<u64>,
     decoder: Decoder,
@@ -79,17 +79,18 @@ impl UpstreamResponse {
         self.status
     }
 
-    pub fn headers(&self) -> &HeaderMap {
-        &self.headers
+    /// The end-to-end header fields, for the client.
+    pub fn forwarded(&self) -> &Forwarded {
+        &self.forwarded
     }
 
-    /// Moves the response headers out (they are left empty).
-    pub fn take_headers(&mut self) -> HeaderMap {
-        std::mem::take(&mut self.headers)
+    /// Moves the end-to-end header fields out (none are left).
+    pub fn take_forwarded(&mut self) -> Forwarded {
+        std::mem::take(&mut self.forwarded)
     }
 
-    /// The body length the upstream declared, if any (kept apart from the headers, so it holds
-    /// after [`UpstreamResponse::take_headers`]).
+    /// The body length the upstream declared, if any (kept apart from the header fields, so it
+    /// holds after [`UpstreamResponse::take_forwarded`]).
     pub fn content_length(&self) -> Option<u64> {
         self.length
     }
