@@ -108,10 +108,12 @@ macro_rules! visit_as {
     };
 }
 
-/// A JSON value where text is expected: the text (borrowed from the body unless it holds
-/// escapes), `null`, or the value of another kind (skipped).
+/// A JSON value where text is expected (`model`, a message's `content`): the text (borrowed from
+/// the body unless it holds escapes), a list (of content parts, each kept whole: the shape check
+/// and the audio probe read them), `null`, or a value of another kind (skipped).
 enum Text<'de> {
     Str(Cow<'de, str>),
+    List(Vec<Value>),
     Null,
     Other,
 }
@@ -133,52 +135,18 @@ impl<'de> serde::Deserialize<'de> for Text<'de> {
             fn visit_unit<E>(self) -> Result<Text<'de>, E> {
                 Ok(Text::Null)
             }
-            visit_as!(scalars => Text::Other);
-            visit_as!(seq<'de> => Text::Other);
-            visit_as!(map<'de> => Text::Other);
-        }
-        d.deserialize_any(V(PhantomData))
-    }
-}
-
-/// A message's `content`: text, a list of parts (each kept whole: the shape check and the
-/// audio probe read them), `null`, or another kind of value.
-enum ContentValue<'de> {
-    Text(Cow<'de, str>),
-    Parts(Vec<Value>),
-    Null,
-    Other,
-}
-
-impl<'de> serde::Deserialize<'de> for ContentValue<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ContentValue<'de>, D::Error> {
-        struct V<'de>(PhantomData<&'de ()>);
-        impl<'de> serde::de::Visitor<'de> for V<'de> {
-            type Value = ContentValue<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<ContentValue<'de>, E> {
-                Ok(ContentValue::Text(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<ContentValue<'de>, E> {
-                Ok(ContentValue::Text(Cow::Owned(s.to_owned())))
-            }
-            fn visit_unit<E>(self) -> Result<ContentValue<'de>, E> {
-                Ok(ContentValue::Null)
-            }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(
                 self,
                 mut seq: A,
-            ) -> Result<ContentValue<'de>, A::Error> {
-                let mut parts = Vec::new();
-                while let Some(part) = seq.next_element::<Value>()? {
-                    parts.push(part);
+            ) -> Result<Text<'de>, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<Value>()? {
+                    items.push(item);
                 }
-                Ok(ContentValue::Parts(parts))
+                Ok(Text::List(items))
             }
-            visit_as!(scalars => ContentValue::Other);
-            visit_as!(map<'de> => ContentValue::Other);
+            visit_as!(scalars => Text::Other);
+            visit_as!(map<'de> => Text::Other);
         }
         d.deserialize_any(V(PhantomData))
     }
@@ -364,7 +332,7 @@ impl<'de> serde::Deserialize<'de> for Messages<'de> {
 struct Content<'de> {
     object: bool,
     role: Option<Role>,
-    content: Option<ContentValue<'de>>,
+    content: Option<Text<'de>>,
 }
 
 impl<'de> serde::Deserialize<'de> for Content<'de> {
@@ -386,7 +354,7 @@ impl<'de> serde::Deserialize<'de> for Content<'de> {
                 while let Some(Ident(key)) = map.next_key::<Ident<MessageKey>>()? {
                     match key {
                         MessageKey::Content => {
-                            out.content = Some(map.next_value::<ContentValue<'de>>()?);
+                            out.content = Some(map.next_value::<Text<'de>>()?);
                         }
                         MessageKey::Role => out.role = Some(map.next_value::<Role>()?),
                         MessageKey::Other => {
@@ -515,7 +483,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 "`model` is required",
             ));
         }
-        Some(Text::Other) => {
+        Some(Text::List(_) | Text::Other) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_type",
@@ -582,8 +550,8 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
             check_messages(&messages)?;
             for content in messages.into_iter().map(|m| m.content) {
                 match content {
-                    Some(ContentValue::Text(s)) => texts.push(s),
-                    Some(ContentValue::Parts(parts)) => {
+                    Some(Text::Str(s)) => texts.push(s),
+                    Some(Text::List(parts)) => {
                         for part in &parts {
                             if let Some(t) = part.get("text").and_then(Value::as_str) {
                                 texts.push(Cow::Owned(t.to_string()));
@@ -696,8 +664,8 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
         // Named only in an error: formatted when one is returned.
         let content_param = || format!("messages[{i}].content");
         match &m.content {
-            Some(ContentValue::Text(_)) => {}
-            Some(ContentValue::Parts(parts)) => {
+            Some(Text::Str(_)) => {}
+            Some(Text::List(parts)) => {
                 for (j, part) in parts.iter().enumerate() {
                     let typed = part
                         .as_object()
@@ -713,15 +681,15 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
                 }
             }
             // The assistant may omit content when it calls tools; so may the legacy function role.
-            None | Some(ContentValue::Null) if matches!(role, "assistant" | "function") => {}
-            None | Some(ContentValue::Null) => {
+            None | Some(Text::Null) if matches!(role, "assistant" | "function") => {}
+            None | Some(Text::Null) => {
                 return Err(ApiError::bad_request(
                     "missing_field",
                     Some(&content_param()),
                     format!("`{}` is required for the `{role}` role", content_param()),
                 ));
             }
-            Some(ContentValue::Other) => {
+            Some(Text::Other) => {
                 return Err(ApiError::bad_request(
                     "invalid_type",
                     Some(&content_param()),
