@@ -69,7 +69,9 @@ struct State {
     lanes: Vec<LaneState>,
     total_inflight: usize,
     engine: Map<String, EngineLoad>,
-    /// Per upstream URL: in-flight requests from every lane, and passive health.
+    /// Per upstream URL: in-flight requests from every lane, and passive health. [`Gate::new`]
+    /// makes an entry for every configured upstream, so admissions and releases look it up once
+    /// and never copy the URL.
     health: Map<String, upstream::Health>,
     /// Waiters admitted by a dispatch that have not yet picked up their permit.
     granted: Map<u64, Slot>,
@@ -204,7 +206,7 @@ impl Permit {
         let mut st = self.inner.lock();
         let spec = &self.inner.specs[self.lane];
         let old = spec.upstreams[self.upstream].as_str();
-        if let Some(h) = health_of(&mut st.health, old) {
+        if let Some(h) = st.health.get_mut(old) {
             h.record(false, now);
         }
         self.tried.push(self.upstream);
@@ -212,25 +214,16 @@ impl Permit {
         let ls = &mut st.lanes[self.lane];
         ls.upstream_inflight[self.upstream] = ls.upstream_inflight[self.upstream].saturating_sub(1);
         ls.upstream_inflight[next] += 1;
-        if let Some(h) = health_of(&mut st.health, old) {
+        if let Some(h) = st.health.get_mut(old) {
             h.released();
         }
-        if let Some(h) = health_of(&mut st.health, &spec.upstreams[next]) {
+        if let Some(h) = st.health.get_mut(&spec.upstreams[next]) {
             h.taken(now);
         }
         self.upstream = next;
         drop(st);
         Some(self.upstream())
     }
-}
-
-/// The passive-health entry of `url`: [`Gate::new`] makes one for every configured upstream, so
-/// admissions and releases look it up once and never copy the URL.
-fn health_of<'a>(
-    health: &'a mut Map<String, upstream::Health>,
-    url: &str,
-) -> Option<&'a mut upstream::Health> {
-    health.get_mut(url)
 }
 
 impl Drop for Permit {
@@ -240,7 +233,7 @@ impl Drop for Permit {
         let mut st = self.inner.lock();
         if let Some(ok) = self.upstream_ok {
             let url = &self.inner.specs[self.lane].upstreams[self.upstream];
-            if let Some(h) = health_of(&mut st.health, url) {
+            if let Some(h) = st.health.get_mut(url) {
                 h.record(ok, now);
             }
         }
@@ -796,7 +789,7 @@ impl Inner {
         }
         // Admitting while a yielded-to lane is busy means max_yield ran out: restart the clock.
         ls.yield_since = if busy { Some(now) } else { None };
-        if let Some(h) = health_of(&mut st.health, &self.specs[lane].upstreams[upstream]) {
+        if let Some(h) = st.health.get_mut(&self.specs[lane].upstreams[upstream]) {
             h.taken(now);
         }
         st.total_inflight += 1;
@@ -865,7 +858,7 @@ impl Inner {
         ls.inflight = ls.inflight.saturating_sub(1);
         ls.upstream_inflight[upstream] = ls.upstream_inflight[upstream].saturating_sub(1);
         ls.released += 1;
-        if let Some(h) = health_of(&mut st.health, &self.specs[lane].upstreams[upstream]) {
+        if let Some(h) = st.health.get_mut(&self.specs[lane].upstreams[upstream]) {
             h.released();
         }
         let ls = &mut st.lanes[lane];

@@ -1,5 +1,5 @@
 //! The request's header fields the steps read: the lane and deadline a client asks for, who the
-//! client is, the body's type and declared length. Found in one pass over the map, not one
+//! client is, the body's type and declared length, and whether it waits for `100 Continue`. Found in one pass over the map, not one
 //! hashed look-up each; the first value of a field counts, as `HeaderMap::get` gives it.
 
 use axum::http::{HeaderMap, HeaderValue};
@@ -18,6 +18,7 @@ pub(super) struct Asked<'a> {
     pub(super) client: Option<&'a HeaderValue>,
     pub(super) content_type: Option<&'a HeaderValue>,
     pub(super) content_length: Option<&'a HeaderValue>,
+    pub(super) expect: Option<&'a HeaderValue>,
 }
 
 impl<'a> Asked<'a> {
@@ -28,6 +29,7 @@ impl<'a> Asked<'a> {
                 "content-type" => &mut asked.content_type,
                 "content-length" => &mut asked.content_length,
                 "authorization" => &mut asked.authorization,
+                "expect" => &mut asked.expect,
                 LANE_HEADER => &mut asked.lane,
                 TIMEOUT_HEADER => &mut asked.timeout,
                 CLIENT_HEADER => &mut asked.client,
@@ -43,6 +45,12 @@ impl<'a> Asked<'a> {
         self.content_type
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
+    }
+
+    /// Whether the client waits for `100 Continue` before it sends the body.
+    pub(super) fn expects_continue(&self) -> bool {
+        self.expect
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
     }
 
     /// Who the client is, for the early-retry watch: its key, else its own id.

@@ -10,10 +10,11 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 
+use super::asked::Asked;
 use super::lane::Targets;
 use crate::error::ApiError;
 
@@ -29,12 +30,6 @@ pub(super) fn too_large(limit: u64) -> ApiError {
         "body_too_large",
         format!("request body is larger than this lane's limit of {limit} bytes"),
     )
-}
-
-fn expects_continue(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// Reads and drops what is left of `stream`, within [`MAX_DRAIN_BYTES`] and [`MAX_DRAIN_TIME`].
@@ -61,11 +56,11 @@ where
 
 /// The 413 for an oversize body, after the body was drained (or, when the client waits for
 /// `100 Continue` and reading has not `started`, never sent).
-async fn refuse_oversize<S>(stream: S, cap: u64, headers: &HeaderMap, started: bool) -> ApiError
+async fn refuse_oversize<S>(stream: S, cap: u64, asked: &Asked<'_>, started: bool) -> ApiError
 where
     S: futures_util::Stream<Item = Result<Bytes, axum::Error>> + Unpin,
 {
-    if !started && expects_continue(headers) {
+    if !started && asked.expects_continue() {
         // The client waits for `100 Continue` before sending; it gets the 413 instead.
         return too_large(cap).closing();
     }
@@ -80,18 +75,18 @@ where
 /// `arrival`) of the candidate lanes.
 pub(super) async fn read(
     body: Body,
-    headers: &HeaderMap,
-    declared: Option<&HeaderValue>,
+    asked: &Asked<'_>,
     targets: &Targets<'_>,
     arrival: tokio::time::Instant,
 ) -> Result<Bytes, ApiError> {
     let read_cap = targets.widest(|l| l.max_body_bytes);
-    let declared = declared
+    let declared = asked
+        .content_length
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|len| len > read_cap) {
-        return Err(refuse_oversize(stream, read_cap, headers, false).await);
+        return Err(refuse_oversize(stream, read_cap, asked, false).await);
     }
     let read_deadline = targets.widest(|l| l.spec.request_timeout);
     // The buffer grows with what arrives; a declared length only sizes it up front, never past
@@ -113,7 +108,7 @@ pub(super) async fn read(
             })?;
             let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
             if (held + chunk.len()) as u64 > read_cap {
-                return Err(refuse_oversize(&mut stream, read_cap, headers, true).await);
+                return Err(refuse_oversize(&mut stream, read_cap, asked, true).await);
             }
             if first.is_none() && buf.is_empty() {
                 first = Some(chunk);

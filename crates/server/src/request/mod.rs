@@ -160,14 +160,7 @@ pub(crate) async fn handle(
     let (parts, body) = req.into_parts();
     let asked = Asked::of(&parts.headers);
     let targets = lane::candidates(&s.config, route, asked.lane)?;
-    let bytes = body::read(
-        body,
-        &parts.headers,
-        asked.content_length,
-        &targets,
-        arrival,
-    )
-    .await?;
+    let bytes = body::read(body, &asked, &targets, arrival).await?;
     let mut facts = validate::inspect(route, asked.content_type(), &bytes)?;
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;

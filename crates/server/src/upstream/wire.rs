@@ -205,7 +205,7 @@ impl<'a> Iterator for Lines<'a> {
 
 /// Fields the gateway sets on the responses it passes on: its own `x-headroom-*` ones and the
 /// ORCA load report. An upstream's field of such a name gives way to the gateway's.
-pub fn set_by_gateway(name: &[u8]) -> bool {
+fn set_by_gateway(name: &[u8]) -> bool {
     const OWN: &[u8] = b"x-headroom-";
     name.get(..OWN.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(OWN))
