@@ -14,6 +14,7 @@
 # HEADROOM_BACKEND_THREADS (all cores), HEADROOM_LLAMA_PARALLEL (2 slots).
 # vLLM: HEADROOM_VLLM_PORT (18082), HEADROOM_VLLM_KV_GIB (KV space, 1 GiB),
 # HEADROOM_VLLM_MAX_MODEL_LEN (512), HEADROOM_VLLM_MAX_NUM_SEQS (1: a second request waits in vLLM).
+# HEADROOM_VLLM_OMP_BIND (nobind: vLLM's VLLM_CPU_OMP_THREADS_BIND; `auto` pins its worker to a core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -157,7 +158,12 @@ start_vllm() {
   if ! alive vllm; then
     # VLLM_SERVER_DEV_MODE=1 adds vLLM's development routes (/sleep, /wake_up, /is_sleeping),
     # which `preempt_mode = "pause"` calls; on 127.0.0.1 only, like everything here.
-    VLLM_SERVER_DEV_MODE=1 \
+    # VLLM_CPU_OMP_THREADS_BIND=nobind: by default ("auto") vLLM pins its worker to one core and
+    # keeps it busy while it generates; on our 2-core machines a process the kernel places on that
+    # core (the gateway under test, pytest, vLLM's own API server) then got no CPU until the
+    # generation ended (measured: /healthz of a gateway on the worker's core took 8.4-10.0 s, every
+    # time; with nobind at most 3.0 s once, else under 0.3 s). Unpinned, the kernel moves either.
+    VLLM_SERVER_DEV_MODE=1 VLLM_CPU_OMP_THREADS_BIND=${HEADROOM_VLLM_OMP_BIND:-nobind} \
     VLLM_CPU_KVCACHE_SPACE=$VLLM_KV_GIB VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 \
       TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
       setsid "$DIR/vllm/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_MODEL" \

@@ -102,7 +102,7 @@ engine = "vllm"
 command = "{root}/.backends/vllm/bin/python"
 args = ["-m", "vllm.entrypoints.openai.api_server", "--model", "{model}", "--served-model-name", "asr",
         "--host", "127.0.0.1", "--port", "{{port}}", "--dtype", "float32", "--enforce-eager"]
-env = {{ VLLM_TARGET_DEVICE = "cpu", HF_HUB_OFFLINE = "1", TRANSFORMERS_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", DO_NOT_TRACK = "1" }}
+env = {{ VLLM_TARGET_DEVICE = "cpu", VLLM_CPU_OMP_THREADS_BIND = "nobind", HF_HUB_OFFLINE = "1", TRANSFORMERS_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1", DO_NOT_TRACK = "1" }}
 port = {asr_port}
 health = "/health"
 ready_timeout = "900s"

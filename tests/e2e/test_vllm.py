@@ -106,17 +106,23 @@ def text_lane(base: str) -> dict:
 def wait_for(what: str, pred, within: float, every: float = 0.05, detail=None, lost=None):
     """Polls `pred` until it is true; on a timeout fails, with `detail()` (the state that was
     seen) when given, or raises `SetupLost` when `lost()` says the precondition went away. A wait
-    longer than a second is printed (pytest shows it with a failure)."""
+    longer than a second is printed (pytest shows it with a failure), and so is the slowest poll:
+    a gateway starved of the CPU answers late, and then few polls happen in the whole wait."""
     start = time.monotonic()
     deadline = start + within
+    polls, slowest = 0, 0.0
     while True:
+        before = time.monotonic()
         value = pred()
+        polls, slowest = polls + 1, max(slowest, time.monotonic() - before)
         if value:
             if time.monotonic() - start > 1:
-                print(f"{what}: seen after {time.monotonic() - start:.1f} s")
+                print(f"{what}: seen after {time.monotonic() - start:.1f} s "
+                      f"({polls} polls, the slowest {slowest:.2f} s)")
             return value
         if time.monotonic() > deadline:
-            seen = f" ({detail()})" if detail else ""
+            state = f"; {detail()}" if detail else ""
+            seen = f" ({polls} polls, the slowest {slowest:.2f} s{state})"
             if lost and lost():
                 raise SetupLost(f"{what} not seen within {within} s, and the setup was lost{seen}")
             pytest.fail(f"{what} not seen within {within} s{seen}")
