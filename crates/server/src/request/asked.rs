@@ -1,6 +1,7 @@
 //! The request's header fields the steps read: the lane and deadline a client asks for, who the
-//! client is, the body's type and declared length, and whether it waits for `100 Continue`. Found in one pass over the map, not one
-//! hashed look-up each; the first value of a field counts, as `HeaderMap::get` gives it.
+//! client is, the body's type and declared length, and whether it waits for `100 Continue`.
+//! Found in one pass over the map, not one hashed look-up each; the first value of a field
+//! counts, as `HeaderMap::get` gives it.
 
 use axum::http::{HeaderMap, HeaderValue};
 
