@@ -185,6 +185,25 @@ def test_back_to_back_streams_lose_nothing_to_a_closed_keep_alive_connection(gat
         print(f"{name}: 20 streams ok, {doc['stale_connection_retries']} sent again on a fresh connection")
 
 
+def test_queued_streams_through_the_gateway_lose_nothing_to_a_closing_engine(gateway, tmp_path):
+    """Four streams at once on a text lane of two slots: each one queued is admitted the moment
+    another ends, and takes the upstream connection that one left. llama.cpp closes its connection
+    after every stream, reading a request that arrived first and dropping it unanswered; the
+    gateway never sends a request the engine may have read a second time, so it must not write one
+    into such a connection (7 % of these streams got 502 before the pool let a connection rest
+    after a stream)."""
+    report = tmp_path / "queued.json"
+    out = subprocess.run(
+        [BIN, "bench", "--url", gateway, "--concurrency", "4", "--requests", "100", "--max-tokens", "4",
+         "--input-tokens", "8", "--report", str(report), "--no-gpu"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(report.read_text())
+    [kind] = doc["by_kind"]
+    assert kind["outcomes"]["ok"] == 100, kind["outcomes"]
+
+
 def test_headroom_bench_runs_a_mixed_scenario_and_its_report_validates(gateway, tmp_path):
     import jsonschema
 

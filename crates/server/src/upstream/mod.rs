@@ -1,8 +1,9 @@
 //! The proxied path's upstream HTTP/1 client (HTTP/1.1 on the wire in [`wire`], no connection
 //! task): one keep-alive pool per upstream address ([`Endpoint`]), each exchange driven inside
 //! the request's own task, so a proxied request costs no hand-off between tasks or worker threads.
-//! A pooled connection the upstream has closed is noticed before reuse (the socket itself is
-//! asked, not the reactor's last word). A request the upstream may have taken is never sent
+//! A pooled connection the upstream has closed is noticed before reuse, and one whose last
+//! response was a stream rests before it is reused (engines close those). A request the upstream
+//! may have taken is never sent
 //! again, as nginx and Go's client treat a POST: a pooled connection that failed before anything
 //! was written, or that the upstream reset with the request unread, takes it again once on a
 //! fresh connection; any other failure is the caller's to answer, unless the request says it

@@ -27,6 +27,7 @@ pub(super) async fn exchange(
         .await
         .map_err(|e| UpstreamError::io(e, conn.wrote, false))?;
     let head = std::future::poll_fn(|cx| poll_head(&mut conn, cx)).await?;
+    conn.streamed = head.framing == Framing::Chunked;
     let mut response = UpstreamResponse {
         status: head.status,
         forwarded: head.forwarded,

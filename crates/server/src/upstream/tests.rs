@@ -26,6 +26,10 @@ enum After {
     /// Reads the next request on the connection and closes it cleanly without an answer (a
     /// keep-alive close that crossed the request on the wire).
     CloseOnNext,
+    /// Waits a moment, reads what has arrived meanwhile and closes cleanly without an answer:
+    /// llama.cpp's server after a stream (measured: a request that arrived first is read,
+    /// dropped, and never run).
+    DropsTheNext(Duration),
 }
 
 struct Server {
@@ -87,6 +91,13 @@ async fn server(reply: &'static str, after: After) -> Server {
                         }
                         After::CloseOnNext => {
                             let _ = read_request(&mut reader).await;
+                            let _ = reader.get_mut().shutdown().await;
+                            return;
+                        }
+                        After::DropsTheNext(d) => {
+                            tokio::time::sleep(d).await;
+                            let mut sink = [0u8; 4096];
+                            let _ = reader.get_mut().try_read(&mut sink);
                             let _ = reader.get_mut().shutdown().await;
                             return;
                         }
@@ -160,6 +171,8 @@ async fn a_chunked_stream_gives_its_connection_back_too() {
     for _ in 0..5 {
         let (status, body) = round_trip(&endpoint).await.expect("answered");
         assert_eq!((status, body.as_slice()), (200, &b"data: [DONE]\n\n"[..]));
+        // Reused once it has rested after the stream.
+        tokio::time::sleep(STREAM_SETTLE_FOR_TESTS + Duration::from_millis(5)).await;
     }
     assert_eq!(s.accepted.load(Ordering::SeqCst), 1);
 }
@@ -202,16 +215,20 @@ async fn an_upstream_that_closes_after_each_reply_loses_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_written_into_a_stale_connection_is_sent_again_on_a_fresh_one() {
-    let s = server(CHUNKED_SSE, After::LingerUnread(Duration::from_millis(40))).await;
+    // The server keeps each connection a while after its reply, never reading on, then closes
+    // it with the next request unread: a reset. Requests come after the pool's rest, so each
+    // reuses the connection the last one left, inside that while.
+    let s = server(CHUNKED_SSE, After::LingerUnread(Duration::from_millis(300))).await;
     let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
-    for i in 0..10 {
+    for i in 0..6 {
         round_trip(&endpoint)
             .await
             .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        tokio::time::sleep(STREAM_SETTLE_FOR_TESTS + Duration::from_millis(10)).await;
     }
     assert_eq!(
         s.served.load(Ordering::SeqCst),
-        10,
+        6,
         "none lost, none doubled"
     );
     assert!(
@@ -327,6 +344,26 @@ async fn a_body_cut_short_by_the_upstream_is_an_error_not_an_end() {
     let e = end.expect_err("4 of 10 bytes is not a whole body");
     assert!(!e.unanswered() && !e.may_reroute(true), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_after_a_stream_rests_before_reuse_so_an_engine_closing_it_drops_nothing() {
+    let s = server(CHUNKED_SSE, After::DropsTheNext(Duration::from_millis(2))).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for i in 0..20 {
+        round_trip(&endpoint)
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+    }
+    assert_eq!(s.served.load(Ordering::SeqCst), 20, "none dropped");
+    // After the rest the pool sees the close, and never writes into it.
+    tokio::time::sleep(STREAM_SETTLE_FOR_TESTS * 2).await;
+    round_trip(&endpoint).await.expect("a fresh connection");
+    assert_eq!(s.served.load(Ordering::SeqCst), 21);
+    assert_eq!(endpoint.stale_resends(), 0);
+}
+
+/// The pool's rest after a stream, as the tests wait it out.
+const STREAM_SETTLE_FOR_TESTS: Duration = pool::STREAM_SETTLE;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_an_upstream_read_and_closed_unanswered_is_not_sent_again() {
