@@ -3,7 +3,7 @@
 //! restarts counted as they happen and a crash loop shown in `/admin/box` and `/metrics`, a
 //! drain and an ordered stop when stderr is a broken pipe, SIGHUP ignored, `--check` refusing a
 //! bad `[serve]` or calibration path before anything starts, and the backends' logs in a private
-//! folder that a clean stop removes.
+//! folder that a clean stop removes. `headroom serve` answers the same signals the same way.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -467,4 +467,64 @@ fn backend_logs_go_to_a_private_folder_removed_at_a_clean_stop_unless_kept() {
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }
+}
+
+#[test]
+fn serve_ignores_sighup_and_drains_on_sigterm_with_a_closed_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"http://127.0.0.1:{}\"]\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let addr = first
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_string();
+    drop(child.stderr.take());
+    let pid = child.id().to_string();
+    let kill = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    kill("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP ended serve: {:?}",
+        child.try_wait()
+    );
+    assert!(get(&format!("http://{addr}"), "/healthz").contains("ok"));
+    kill("-TERM");
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "serve did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0), "{status}");
 }
