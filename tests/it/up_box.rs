@@ -142,26 +142,38 @@ impl Up {
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        send_signal(u64::from(self.child.id()), sig);
     }
 
     pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
-        let until = Instant::now() + within;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            if Instant::now() > until {
-                let _ = self.child.kill();
-                panic!("up did not exit within {within:?}:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        wait_child(&mut self.child, within)
+            .unwrap_or_else(|| panic!("up did not exit within {within:?}:\n{}", self.stderr()))
+    }
+}
+
+/// Sends `sig` (`TERM`, `HUP`, `KILL`) to process `pid`.
+pub(crate) fn send_signal(pid: u64, sig: &str) {
+    let ok = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill -{sig} {pid}");
+}
+
+/// The child's exit status once it exits within `within`; killed and `None` otherwise.
+pub(crate) fn wait_child(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
         }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -208,14 +220,6 @@ pub(crate) fn alive(pid: u64) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-fn kill9(pid: u64) {
-    let ok = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-}
-
 #[test]
 fn a_backend_that_can_no_longer_start_is_counted_and_shown_as_a_crash_loop() {
     let b = TestBox::new(FIRST_ONLY, "", "");
@@ -230,7 +234,7 @@ fn a_backend_that_can_no_longer_start_is_counted_and_shown_as_a_crash_loop() {
     assert_eq!(first["restarts"], 0, "{first}");
     let pid = first["pid"].as_u64().unwrap();
     // The backend dies; every restart exits at once.
-    kill9(pid);
+    send_signal(pid, "KILL");
     let until = Instant::now() + Duration::from_secs(30);
     let mut seen = first;
     while Instant::now() < until {
@@ -307,19 +311,8 @@ fn sigterm_with_a_broken_stderr_pipe_drains_and_stops_the_backends_in_order() {
     let backend = box_backend(&b.base());
     let pid = backend["pid"].as_u64().unwrap();
     drop(err);
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let until = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < until, "up did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    send_signal(u64::from(child.id()), "TERM");
+    let status = wait_child(&mut child, Duration::from_secs(30)).expect("up stops");
     eprintln!("up with a closed stderr, on SIGTERM: {status}");
     assert_eq!(
         status.code(),
@@ -499,17 +492,8 @@ fn serve_ignores_sighup_and_drains_on_sigterm_with_a_closed_stderr() {
         .unwrap()
         .to_string();
     drop(child.stderr.take());
-    let pid = child.id().to_string();
-    let kill = |sig: &str| {
-        assert!(
-            Command::new("kill")
-                .args([sig, pid.as_str()])
-                .status()
-                .unwrap()
-                .success()
-        )
-    };
-    kill("-HUP");
+    let pid = u64::from(child.id());
+    send_signal(pid, "HUP");
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         child.try_wait().unwrap().is_none(),
@@ -517,14 +501,7 @@ fn serve_ignores_sighup_and_drains_on_sigterm_with_a_closed_stderr() {
         child.try_wait()
     );
     assert!(get(&format!("http://{addr}"), "/healthz").contains("ok"));
-    kill("-TERM");
-    let until = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < until, "serve did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    send_signal(pid, "TERM");
+    let status = wait_child(&mut child, Duration::from_secs(20)).expect("serve stops");
     assert_eq!(status.code(), Some(0), "{status}");
 }
