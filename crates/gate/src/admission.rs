@@ -321,8 +321,8 @@ pub struct UpstreamSnapshot {
     /// Out of rotation now (an ejection running, or its probe out).
     pub ejected: bool,
     pub consecutive_failures: u32,
-    /// Ejections in a row: the next one lasts this many times the lane's base ejection time
-    /// (one more).
+    /// Ejections in a row: the multiplier of the last ejection's length (it decays while the
+    /// upstream serves well).
     pub ejections: u32,
 }
 

@@ -626,8 +626,12 @@ async fn start(
     args: &[String],
     env: &[(String, String)],
 ) -> Result<Group, UpError> {
-    ctx.status
-        .update(&b.name, |r| r.state = BackendState::Starting);
+    // A crash loop stays visible while the next attempt runs (it may wait ready_timeout).
+    ctx.status.update(&b.name, |r| {
+        if r.state != BackendState::CrashLoop {
+            r.state = BackendState::Starting;
+        }
+    });
     let mut group = process::spawn(b, args, env, &ctx.config.dir, &ctx.log_path(&b.name))?;
     ctx.meter.join(&b.upstream(), group.pid);
     ctx.status.update(&b.name, |r| r.pid = Some(group.pid));
