@@ -34,6 +34,8 @@ fn report(upstream: &str) -> BoxReport {
             peak_bytes: 260 << 20,
             current_bytes: 201 << 20,
             restarts: 0,
+            start_failures: 0,
+            last_exit: None,
             drifted: false,
             retry_after_ms: None,
             flags: Vec::new(),

@@ -1,9 +1,10 @@
 //! A fake OpenAI-compatible server that behaves like llama.cpp's after a stream: it answers with
 //! a chunked SSE reply that advertises keep-alive, then closes the socket without reading the
 //! next request. A client that reuses the pooled connection sends its next request into a socket
-//! the server is closing; the server never reads it. Both `headroom bench`'s client and
-//! `headroom serve`'s upstream client must send such a request again on a fresh connection and
-//! never count it as a server error.
+//! the server is closing; the server never reads it. `headroom bench`'s client must send such a
+//! request again on a fresh connection and never count it as a server error; `headroom serve`'s
+//! upstream client must lose none of them either (it lets a connection rest after a stream before
+//! reusing it, and sends again a request the server reset unread, never one it may have run).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

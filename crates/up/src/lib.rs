@@ -12,9 +12,11 @@
 pub mod audio_vllm;
 pub mod boxfile;
 pub mod budget;
+pub mod checks;
 pub mod example;
 pub mod flags;
 pub mod lanes;
+pub mod logs;
 pub mod process;
 pub mod steady;
 pub mod supervisor;

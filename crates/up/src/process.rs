@@ -10,7 +10,6 @@
 //! the grandchildren (vLLM's engine core, worker processes) that the death signal does not. A
 //! grandchild that leaves the group (its own `setsid`) escapes both.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::OnceLock;
@@ -107,14 +106,10 @@ pub fn spawn(
     dir: &Path,
     log: &Path,
 ) -> Result<Group, UpError> {
-    let out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| UpError::Io {
-            what: format!("log file {}", log.display()),
-            source: e,
-        })?;
+    let out = crate::logs::open_log(log).map_err(|e| UpError::Io {
+        what: format!("log file {}", log.display()),
+        source: e,
+    })?;
     let err = out.try_clone().map_err(|e| UpError::Io {
         what: format!("log file {}", log.display()),
         source: e,

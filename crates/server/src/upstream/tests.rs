@@ -1,6 +1,7 @@
 //! The upstream client against raw HTTP/1 servers on 127.0.0.1 that behave in the ways engines
 //! do: keep-alive reuse, a server that closes after each reply, one that closes a kept-alive
-//! connection without reading the next request (llama.cpp after a stream), `Connection: close`,
+//! connection without reading the next request (llama.cpp after a stream), one that reads the
+//! next request and closes without an answer (an engine that died on it), `Connection: close`,
 //! a redirect, a refused connect.
 
 use std::sync::Arc;
@@ -25,6 +26,10 @@ enum After {
     /// Reads the next request on the connection and closes it cleanly without an answer (a
     /// keep-alive close that crossed the request on the wire).
     CloseOnNext,
+    /// Waits a moment, reads what has arrived meanwhile and closes cleanly without an answer:
+    /// llama.cpp's server after a stream (measured: a request that arrived first is read,
+    /// dropped, and never run).
+    DropsTheNext(Duration),
 }
 
 struct Server {
@@ -89,6 +94,13 @@ async fn server(reply: &'static str, after: After) -> Server {
                             let _ = reader.get_mut().shutdown().await;
                             return;
                         }
+                        After::DropsTheNext(d) => {
+                            tokio::time::sleep(d).await;
+                            let mut sink = [0u8; 4096];
+                            let _ = reader.get_mut().try_read(&mut sink);
+                            let _ = reader.get_mut().shutdown().await;
+                            return;
+                        }
                     }
                 }
             });
@@ -111,12 +123,21 @@ fn outgoing() -> Outgoing<'static> {
         query: None,
         headers: Vec::new(),
         body: Bytes::from_static(b"{\"model\":\"m\"}"),
+        idempotent: false,
     }
 }
 
 /// Sends one request and reads its body whole.
 async fn round_trip(endpoint: &Arc<Endpoint>) -> Result<(u16, Vec<u8>), UpstreamError> {
-    let mut response = send(endpoint, &outgoing()).await?;
+    exchange_whole(endpoint, &outgoing()).await
+}
+
+/// Sends `outgoing` and reads the body whole.
+async fn exchange_whole(
+    endpoint: &Arc<Endpoint>,
+    outgoing: &Outgoing<'_>,
+) -> Result<(u16, Vec<u8>), UpstreamError> {
+    let mut response = send(endpoint, outgoing).await?;
     let status = response.status().as_u16();
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await? {
@@ -150,6 +171,8 @@ async fn a_chunked_stream_gives_its_connection_back_too() {
     for _ in 0..5 {
         let (status, body) = round_trip(&endpoint).await.expect("answered");
         assert_eq!((status, body.as_slice()), (200, &b"data: [DONE]\n\n"[..]));
+        // Reused once it has rested after the stream.
+        tokio::time::sleep(STREAM_SETTLE_FOR_TESTS + Duration::from_millis(5)).await;
     }
     assert_eq!(s.accepted.load(Ordering::SeqCst), 1);
 }
@@ -192,16 +215,20 @@ async fn an_upstream_that_closes_after_each_reply_loses_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_written_into_a_stale_connection_is_sent_again_on_a_fresh_one() {
-    let s = server(CHUNKED_SSE, After::LingerUnread(Duration::from_millis(40))).await;
+    // The server keeps each connection a while after its reply, never reading on, then closes
+    // it with the next request unread: a reset. Requests come after the pool's rest, so each
+    // reuses the connection the last one left, inside that while.
+    let s = server(CHUNKED_SSE, After::LingerUnread(Duration::from_millis(300))).await;
     let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
-    for i in 0..10 {
+    for i in 0..6 {
         round_trip(&endpoint)
             .await
             .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        tokio::time::sleep(STREAM_SETTLE_FOR_TESTS + Duration::from_millis(10)).await;
     }
     assert_eq!(
         s.served.load(Ordering::SeqCst),
-        10,
+        6,
         "none lost, none doubled"
     );
     assert!(
@@ -240,7 +267,7 @@ async fn a_refused_connect_never_reached_the_upstream() {
     };
     let endpoint = Arc::new(Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap());
     let e = round_trip(&endpoint).await.expect_err("nothing listens");
-    assert!(e.is_connect() && e.never_reached(), "{e}");
+    assert!(e.is_connect() && e.unsent() && e.may_reroute(false), "{e}");
 }
 
 #[test]
@@ -294,7 +321,7 @@ async fn a_malformed_response_is_an_error_that_reached_the_upstream() {
         .expect_err("conflicting lengths");
     assert!(matches!(e, UpstreamError::Malformed(_)), "{e}");
     assert!(
-        !e.never_reached(),
+        !e.unanswered() && !e.may_reroute(true),
         "the upstream took the request: no resend"
     );
     assert_eq!(s.served.load(Ordering::SeqCst), 1);
@@ -315,15 +342,62 @@ async fn a_body_cut_short_by_the_upstream_is_an_error_not_an_end() {
     };
     assert_eq!(got, b"only");
     let e = end.expect_err("4 of 10 bytes is not a whole body");
-    assert!(!e.never_reached(), "{e}");
+    assert!(!e.unanswered() && !e.may_reroute(true), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pooled_connection_closed_under_the_request_sends_it_again_on_a_fresh_one() {
+async fn a_connection_after_a_stream_rests_before_reuse_so_an_engine_closing_it_drops_nothing() {
+    let s = server(CHUNKED_SSE, After::DropsTheNext(Duration::from_millis(2))).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    for i in 0..20 {
+        round_trip(&endpoint)
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+    }
+    assert_eq!(s.served.load(Ordering::SeqCst), 20, "none dropped");
+    // After the rest the pool sees the close, and never writes into it.
+    tokio::time::sleep(STREAM_SETTLE_FOR_TESTS * 2).await;
+    round_trip(&endpoint).await.expect("a fresh connection");
+    assert_eq!(s.served.load(Ordering::SeqCst), 21);
+    assert_eq!(endpoint.stale_resends(), 0);
+}
+
+/// The pool's rest after a stream, as the tests wait it out.
+const STREAM_SETTLE_FOR_TESTS: Duration = pool::STREAM_SETTLE;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_an_upstream_read_and_closed_unanswered_is_not_sent_again() {
     let s = server(OK, After::CloseOnNext).await;
     let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let (status, _) = round_trip(&endpoint).await.expect("the first is answered");
+    assert_eq!(status, 200);
+    // The second goes out on the kept-alive connection; the server reads it whole and closes.
+    let e = round_trip(&endpoint)
+        .await
+        .expect_err("closed without an answer");
+    assert!(
+        matches!(e, UpstreamError::Closed { answered: false }),
+        "{e}"
+    );
+    assert!(e.unanswered() && !e.unsent(), "{e}");
+    assert!(
+        !e.may_reroute(false),
+        "it may have run: answered, not repeated"
+    );
+    assert_eq!(endpoint.stale_resends(), 0);
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "no second connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_may_run_twice_is_sent_again_after_a_close_without_an_answer() {
+    let s = server(OK, After::CloseOnNext).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let idempotent = Outgoing {
+        idempotent: true,
+        ..outgoing()
+    };
     for i in 0..4 {
-        let (status, _) = round_trip(&endpoint)
+        let (status, _) = exchange_whole(&endpoint, &idempotent)
             .await
             .unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(status, 200);
