@@ -12,6 +12,7 @@ mod inputs;
 mod live_vllm;
 mod memory;
 mod plan;
+mod plan_asks;
 mod plan_fixes;
 mod plan_llamacpp;
 mod plan_v2;

@@ -274,7 +274,9 @@ fn a_plan_that_cannot_fit_exits_3_with_the_shortfall_and_options() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("DOES NOT FIT"), "{table}");
     assert!(table.contains("GiB short"), "{table}");
-    assert!(table.contains("options:"), "{table}");
+    // Eight such GPUs hold it: offered with the flags to add.
+    assert!(table.contains("options ("), "{table}");
+    assert!(table.contains("--tensor-parallel-size 8"), "{table}");
     let (p, code) = plan_json(&[
         "--model",
         "meta-llama/Llama-3.1-8B-Instruct",

@@ -282,19 +282,26 @@ fn sliding_of(
     (Some(window), sliding)
 }
 
-/// Parameters of a ViT-style tower described by `vision_config`, if any.
-fn vision_params(root: &Obj) -> u64 {
+/// Parameters of a ViT-style tower described by `vision_config`, if any: `(all, linear)`, the
+/// second being those in vLLM's parallel linear layers (split over tensor-parallel ranks,
+/// quantized at load time). Its attention projections always are; its MLP only when the hidden
+/// and intermediate sizes are multiples of 64, as vLLM's SigLIP tower requires before it passes
+/// the quantization config on.
+fn vision_params(root: &Obj) -> (u64, u64) {
     let Some(Value::Object(v)) = root.get("vision_config") else {
-        return 0;
+        return (0, 0);
     };
     let (Some(h), Some(i), Some(l)) = (
         u(v, "hidden_size"),
         u(v, "intermediate_size"),
         first_u(v, &["num_hidden_layers", "depth"]),
     ) else {
-        return 0;
+        return (0, 0);
     };
-    l * (4 * h * h + 2 * h * i)
+    let attention = l * 4 * h * h;
+    let mlp = l * 2 * h * i;
+    let mlp_linear = if h % 64 == 0 && i % 64 == 0 { mlp } else { 0 };
+    (attention + mlp, attention + mlp_linear)
 }
 
 fn kind_of(root: &Obj, model_type: &str, arch: &str) -> ModelKind {
@@ -373,6 +380,7 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         None => None,
     };
     let (sliding_window, num_sliding_layers) = sliding_of(root, text, &model_type, layers, max_pos);
+    let vision = vision_params(root);
 
     let audio_tokenizer =
         if root.contains_key("acoustic_tokenizer_config") || model_type.contains("vibevoice") {
@@ -410,8 +418,9 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         quantization: with_unconverted(quantization_of(root, text), root, text, layers),
         encoder_decoder: None,
         audio_tokenizer,
-        extra_params: vision_params(root),
+        extra_params: vision.0,
         extra_dtype: dtype_of(root, text),
+        extra_linear_params: vision.1,
         exact_weights: None,
         weight_components: Vec::new(),
     })
@@ -438,6 +447,9 @@ fn whisper_spec(
     let encoder =
         enc_layers * (4 * d * d + 2 * d * enc_ffn) + mel * d * 3 + d * d * 3 + source_positions * d;
     let cross = dec_layers * 4 * d * d + target_positions * d;
+    // The encoder's and cross-attention's projections are vLLM linear layers; the convolutions
+    // and positional tables are not.
+    let linear = enc_layers * (4 * d * d + 2 * d * enc_ffn) + dec_layers * 4 * d * d;
     let dtype = dtype_of(root, root);
     Ok(ModelSpec {
         name: name.to_string(),
@@ -470,6 +482,7 @@ fn whisper_spec(
         audio_tokenizer: None,
         extra_params: encoder + cross,
         extra_dtype: dtype,
+        extra_linear_params: linear,
         exact_weights: None,
         weight_components: Vec::new(),
     })
