@@ -14,6 +14,7 @@ mod memory;
 mod plan;
 mod plan_asks;
 mod plan_fixes;
+mod plan_hub;
 mod plan_llamacpp;
 mod plan_v2;
 mod scale_out;

@@ -15,6 +15,8 @@ fn headroom(args: &[&str]) -> Output {
         .args(args)
         // Keep a developer's own Hugging Face cache out of the results.
         .env("HF_HOME", "/nonexistent-headroom-test")
+        // Never the network: a model outside the catalog is not looked up on the Hub.
+        .env("HF_HUB_OFFLINE", "1")
         .env_remove("HF_HUB_CACHE")
         .output()
         .expect("run headroom")

@@ -476,3 +476,122 @@ fn color_always_colours_the_plan_and_never_does_not() {
     // Not a terminal, no flag: plain.
     assert!(!stdout(&headroom(&args)).contains('\x1b'));
 }
+
+/// A tiny decoder: hidden 256, MLP 512 (gated), 2 layers, 4 heads, vocab 1,000. Its decoder
+/// projections hold 2 × (4 × 256² + 3 × 256 × 512) = 1,310,720 weights, 20,480 blocks of 64.
+const TINY: &str = r#""architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":256,
+    "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":4,
+    "vocab_size":1000,"max_position_embeddings":4096,"torch_dtype":"bfloat16""#;
+
+/// A safetensors file holding only a header: `(name, dtype, shape, bytes)`.
+fn header_only(path: &Path, tensors: &[(&str, &str, &[u64], u64)]) -> u64 {
+    let mut offset = 0;
+    let mut entries = Vec::new();
+    for (name, dtype, shape, bytes) in tensors {
+        let shape: Vec<String> = shape.iter().map(u64::to_string).collect();
+        entries.push(format!(
+            r#""{name}":{{"dtype":"{dtype}","shape":[{}],"data_offsets":[{offset},{}]}}"#,
+            shape.join(","),
+            offset + bytes
+        ));
+        offset += bytes;
+    }
+    let json = format!("{{{}}}", entries.join(","));
+    let mut data = (json.len() as u64).to_le_bytes().to_vec();
+    data.extend_from_slice(json.as_bytes());
+    std::fs::write(path, data).unwrap();
+    offset
+}
+
+#[test]
+fn a_double_quantized_bnb_checkpoint_is_planned_as_vllm_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        format!(
+            r#"{{{TINY},"quantization_config":{{"quant_method":"bitsandbytes","load_in_4bit":true,
+            "bnb_4bit_quant_type":"nf4","bnb_4bit_use_double_quant":true}}}}"#
+        ),
+    )
+    .unwrap();
+    // As saved: NF4 packed two to a byte, an 8-bit absmax per 64, an fp32 one per 256 of those.
+    let on_disk = header_only(
+        &dir.path().join("model.safetensors"),
+        &[
+            ("model.embed_tokens.weight", "BF16", &[1000, 256], 512_000),
+            ("lm_head.weight", "BF16", &[1000, 256], 512_000),
+            ("model.layers.all.weight", "U8", &[655_360, 1], 655_360),
+            ("model.layers.all.weight.absmax", "U8", &[20_480], 20_480),
+            ("model.layers.all.weight.nested_absmax", "F32", &[80], 320),
+        ],
+    );
+    let (p, code) = plan_json(&[
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--gpu",
+        "24GiB",
+        "--max-model-len",
+        "4096",
+    ]);
+    assert_eq!(code, 0, "{}", p["refused"]);
+    // vLLM dequantizes each 8-bit absmax to fp32 at load: 3 more bytes for each of 20,480 blocks.
+    assert_eq!(p["weights_bytes"].as_u64().unwrap(), on_disk + 61_440);
+    // And refuses to split such a checkpoint over tensor-parallel ranks.
+    let (tp, code) = plan_json(&[
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--gpu",
+        "24GiB",
+        "--max-model-len",
+        "4096",
+        "--tp",
+        "2",
+    ]);
+    assert_eq!(code, 3);
+    assert!(
+        tp["refused"][0]
+            .as_str()
+            .unwrap()
+            .contains("tensor-parallel"),
+        "{}",
+        tp["refused"]
+    );
+}
+
+#[test]
+fn bnb_4bit_at_load_time_quantizes_a_vision_towers_linear_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text");
+    let vlm = dir.path().join("vlm");
+    std::fs::create_dir_all(&text).unwrap();
+    std::fs::create_dir_all(&vlm).unwrap();
+    std::fs::write(text.join("config.json"), format!("{{{TINY}}}")).unwrap();
+    // A tower of 2 layers, hidden 128, MLP 256: 2 × (4 × 128² + 2 × 128 × 256) = 262,144
+    // weights, all in vLLM linear layers (both sizes are multiples of 64).
+    std::fs::write(
+        vlm.join("config.json"),
+        format!(
+            r#"{{{TINY},"vision_config":{{"hidden_size":128,"intermediate_size":256,"num_hidden_layers":2}}}}"#
+        ),
+    )
+    .unwrap();
+    let weights = |model: &Path, quantization: &str| {
+        let (p, code) = plan_json(&[
+            "--model",
+            model.to_str().unwrap(),
+            "--gpu",
+            "24GiB",
+            "--max-model-len",
+            "4096",
+            "--quantization",
+            quantization,
+        ]);
+        assert_eq!(code, 0, "{p}");
+        p["weights_bytes"].as_u64().unwrap() as i64
+    };
+    // 16-bit: the tower adds 262,144 × 2 B.
+    assert_eq!(weights(&vlm, "none") - weights(&text, "none"), 524_288);
+    // bnb-4bit at load time: 262,144 × (0.5 + 4/64) B = 147,456 B.
+    let tower = weights(&vlm, "bnb-4bit") - weights(&text, "bnb-4bit");
+    assert!((tower - 147_456).abs() <= 2, "{tower}");
+}

@@ -11,6 +11,8 @@ fn headroom(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args(args)
         .env("HF_HOME", "/nonexistent-headroom-test")
+        // Never the network: a model outside the catalog is not looked up on the Hub.
+        .env("HF_HUB_OFFLINE", "1")
         .env_remove("HF_HUB_CACHE")
         .output()
         .expect("run headroom")

@@ -319,6 +319,69 @@ fn kind_of(root: &Obj, model_type: &str, arch: &str) -> ModelKind {
     }
 }
 
+/// Layer kinds whose memory is attention KV, which the planner sizes (`layer_types` values).
+const ATTENTION_LAYER_TYPES: [&str; 4] = [
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "attention",
+];
+
+/// Model types that keep a recurrent or state-space state instead of (or beside) a KV cache.
+const STATE_MODEL_TYPES: [&str; 7] = [
+    "mamba",
+    "mamba2",
+    "falcon_mamba",
+    "rwkv",
+    "rwkv6",
+    "rwkv7",
+    "xlstm",
+];
+
+/// What the planner lacks to plan this config, if anything: layers that are not attention
+/// (linear attention, Mamba, convolution or recurrent blocks) keep a per-sequence state whose
+/// size it does not model.
+fn missing_piece(root: &Obj, text: &Obj, model_type: &str, layers: u64) -> Option<String> {
+    if STATE_MODEL_TYPES.contains(&model_type) {
+        return Some(format!(
+            "model_type '{model_type}' keeps a recurrent (state-space) state per sequence instead of a KV cache, which the planner does not size"
+        ));
+    }
+    let kinds: Vec<String> = if let Some(Value::Array(types)) = text.get("layer_types") {
+        types
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_ascii_lowercase))
+            .collect()
+    } else if let Some(Value::Array(types)) = text
+        .get("layers_block_type")
+        .or_else(|| root.get("layers_block_type"))
+    {
+        types
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_ascii_lowercase))
+            .collect()
+    } else if let Some(pattern) = s(text, "hybrid_override_pattern") {
+        // Nemotron-H: M = Mamba-2, * = attention, - = MLP.
+        pattern
+            .chars()
+            .filter(|c| *c == 'M')
+            .map(|_| "mamba".to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let other: Vec<&String> = kinds
+        .iter()
+        .filter(|k| !ATTENTION_LAYER_TYPES.contains(&k.as_str()) && !k.is_empty())
+        .collect();
+    let first = other.first()?;
+    let same = other.iter().filter(|k| k == &first).count();
+    Some(format!(
+        "{same} of {} layers are '{first}' layers, whose per-sequence state the planner does not size",
+        layers.max(kinds.len() as u64)
+    ))
+}
+
 /// Builds a spec from a parsed config.json. `file` names the source in error messages.
 pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelSpec, InspectError> {
     let root = config.as_object().ok_or_else(|| InspectError::Malformed {
@@ -343,6 +406,15 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
     }
 
     let text = &with_family_defaults(text_object(root));
+    let layer_count = first_u(text, &["num_hidden_layers", "n_layer", "num_layers"]).unwrap_or(0);
+    if let Some(piece) = missing_piece(root, text, &model_type, layer_count) {
+        return Err(InspectError::Unsupported {
+            name: name.to_string(),
+            architecture,
+            file: file.to_string(),
+            piece,
+        });
+    }
     let hidden = need(text, &["hidden_size", "n_embd", "d_model"], file)?;
     let layers = need(text, &["num_hidden_layers", "n_layer", "num_layers"], file)?;
     let heads = need(text, &["num_attention_heads", "n_head"], file)?;
@@ -623,6 +695,64 @@ mod tests {
         let params = headroom_plan::weights::param_counts(&spec).total();
         // whisper-large-v3 has 1.55 B parameters.
         assert!((1_500_000_000..1_600_000_000).contains(&params), "{params}");
+    }
+
+    #[test]
+    fn layers_that_are_not_attention_are_named_not_guessed() {
+        // Qwen3-Next: three linear-attention (Gated DeltaNet) layers to every full one.
+        let mut types = Vec::new();
+        for i in 0..48 {
+            types.push(if i % 4 == 3 {
+                "full_attention"
+            } else {
+                "linear_attention"
+            });
+        }
+        let cfg = json!({"architectures":["Qwen3NextForCausalLM"],"model_type":"qwen3_next",
+            "hidden_size":2048,"num_hidden_layers":48,"num_attention_heads":16,"num_key_value_heads":2,
+            "vocab_size":151936,"layer_types":types});
+        let err = spec_from_config("Qwen/Qwen3-Next-80B-A3B-Instruct", "c.json", &cfg).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, InspectError::Unsupported { .. }), "{text}");
+        assert!(text.contains("Qwen3NextForCausalLM"), "{text}");
+        assert!(
+            text.contains("36 of 48 layers are 'linear_attention'"),
+            "{text}"
+        );
+        // Nemotron-H's pattern and a plain Mamba.
+        let cfg = json!({"architectures":["NemotronHForCausalLM"],"model_type":"nemotron_h",
+            "hidden_size":4096,"num_hidden_layers":4,"num_attention_heads":32,"vocab_size":1000,
+            "hybrid_override_pattern":"M-M*"});
+        let text = spec_from_config("n", "c.json", &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("2 of 4 layers are 'mamba'"), "{text}");
+        let cfg = json!({"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"vocab_size":50280});
+        let text = spec_from_config("m", "c.json", &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("model_type 'mamba'"), "{text}");
+        // Attention-only layer types are planned as before.
+        let cfg = json!({"model_type":"gpt_oss","hidden_size":64,"num_hidden_layers":2,
+            "num_attention_heads":4,"vocab_size":100,"sliding_window":8,
+            "layer_types":["sliding_attention","full_attention"]});
+        assert!(spec_from_config("o", "c.json", &cfg).is_ok());
+    }
+
+    #[test]
+    fn a_vision_towers_linear_layers_are_counted_apart() {
+        // Gemma 3's SigLIP: 4,304 is not a multiple of 64, so vLLM leaves its MLP unquantized.
+        let cfg = json!({"model_type":"gemma3","text_config":{"model_type":"gemma3_text",
+            "hidden_size":2560,"intermediate_size":10240,"num_hidden_layers":34},
+            "vision_config":{"hidden_size":1152,"intermediate_size":4304,"num_hidden_layers":27}});
+        let spec = spec_from_config("g", "c.json", &cfg).unwrap();
+        assert_eq!(spec.extra_params, 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304));
+        assert_eq!(spec.extra_linear_params, 27 * 4 * 1152 * 1152);
+        let cfg = json!({"model_type":"x","hidden_size":64,"num_hidden_layers":2,
+            "num_attention_heads":4,"vocab_size":100,
+            "vision_config":{"hidden_size":1280,"intermediate_size":5120,"depth":32}});
+        let spec = spec_from_config("q", "c.json", &cfg).unwrap();
+        assert_eq!(spec.extra_linear_params, spec.extra_params);
     }
 
     #[test]
