@@ -5,22 +5,13 @@
 //! what every flag does; colour when asked.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
+
+use crate::plan::{calibration_file, headroom, plan_json};
 
 use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
-
-fn headroom(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .args(args)
-        .env("HF_HOME", "/nonexistent-headroom-test")
-        .env("HF_HUB_OFFLINE", "1")
-        .env_remove("HF_HUB_CACHE")
-        .env_remove("NO_COLOR")
-        .output()
-        .expect("run headroom")
-}
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
@@ -28,15 +19,6 @@ fn stdout(o: &Output) -> String {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn plan_json(args: &[&str]) -> (Value, i32) {
-    let mut all = vec!["plan", "--format", "json"];
-    all.extend_from_slice(args);
-    let out = headroom(&all);
-    let json: Value = serde_json::from_str(&stdout(&out))
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", stdout(&out), stderr(&out)));
-    (json, out.status.code().unwrap())
 }
 
 const VIBEVOICE_12GIB_60MIN: [&str; 6] = [
@@ -254,20 +236,7 @@ fn no_launch_lines_for_a_plan_that_does_not_fit() {
 fn reserve_from_host_memory_figures_warns() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("box.calibration.json");
-    let mut c = headroom_gpu::Calibration::new("host", 24 * GIB);
-    c.set_backend(
-        "whisper",
-        headroom_gpu::BackendCalibration {
-            role: "audio".into(),
-            engine: "whisper".into(),
-            resident_bytes: GIB,
-            peak_bytes: 2 * GIB,
-            peak_per_audio_second_bytes: None,
-            warmup_runs: 1,
-            date: String::new(),
-        },
-    );
-    c.save(&path).unwrap();
+    calibration_file(&path, "host", &[("whisper", "audio", 2 * GIB)]);
     let args = [
         "plan",
         "--model",

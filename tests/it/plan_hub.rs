@@ -4,12 +4,11 @@
 //! architecture the planner does not know is named, and without a network the error says what it
 //! tried.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::Ordering;
 
-use headroom_hub::testing::{FakeFile, FakeRepo, fake_sha, shard_header, start};
+use headroom_hub::testing::{FakeRepo, fake_sha, repo_with_shards, start};
 use serde_json::Value;
 
 fn plan(hf_home: &Path, endpoint: &str, extra_env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -50,46 +49,12 @@ async fn plan_async(
 
 /// A model released after the catalog: a Qwen3-like decoder in two shards.
 fn new_model(id: &str, config: &str, gated: Option<&str>) -> (FakeRepo, u64) {
-    let (h1, d1) = shard_header(&[
-        ("model.embed_tokens.weight".into(), 151_936, 2560),
-        ("model.layers.0.mlp.up_proj.weight".into(), 9728, 2560),
-    ]);
-    let (h2, d2) = shard_header(&[("lm_head.weight".into(), 151_936, 2560)]);
-    let mut files = BTreeMap::new();
-    files.insert("config.json".into(), FakeFile::Small(config.into()));
-    files.insert(
-        "model.safetensors.index.json".into(),
-        FakeFile::Small(
-            br#"{"metadata":{"total_size":123},"weight_map":{
-            "model.embed_tokens.weight":"model-00001-of-00002.safetensors",
-            "model.layers.0.mlp.up_proj.weight":"model-00001-of-00002.safetensors",
-            "lm_head.weight":"model-00002-of-00002.safetensors"}}"#
-                .to_vec(),
-        ),
-    );
-    files.insert(
-        "model-00001-of-00002.safetensors".into(),
-        FakeFile::Shard {
-            header: h1,
-            data_len: d1,
-        },
-    );
-    files.insert(
-        "model-00002-of-00002.safetensors".into(),
-        FakeFile::Shard {
-            header: h2,
-            data_len: d2,
-        },
-    );
-    (
-        FakeRepo {
-            id: id.into(),
-            commit: fake_sha(id, 40),
-            files,
-            gated_token: gated.map(String::from),
-        },
-        d1 + d2,
-    )
+    let first = vec![
+        ("model.embed_tokens.weight".to_string(), 151_936, 2560),
+        ("model.layers.0.mlp.up_proj.weight".to_string(), 9728, 2560),
+    ];
+    let second = vec![("lm_head.weight".to_string(), 151_936, 2560)];
+    repo_with_shards(id, config, &[first, second], gated)
 }
 
 const QWEN_LIKE: &str = r#"{"architectures":["Qwen3ForCausalLM"],"model_type":"qwen3","hidden_size":2560,

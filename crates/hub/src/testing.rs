@@ -124,6 +124,50 @@ pub fn shard_header(tensors: &[(String, u64, u64)]) -> (Vec<u8>, u64) {
     (out, offset)
 }
 
+/// A repository of `config` and one shard per entry of `shards` (bf16 tensors `[rows, cols]`),
+/// with a `model.safetensors.index.json` whose `total_size` is deliberately wrong when there
+/// are several; a single shard is `model.safetensors`. Returns it and the tensor bytes its
+/// headers declare.
+pub fn repo_with_shards(
+    id: &str,
+    config: &str,
+    shards: &[Vec<(String, u64, u64)>],
+    gated_token: Option<&str>,
+) -> (FakeRepo, u64) {
+    let mut files = BTreeMap::new();
+    files.insert("config.json".into(), FakeFile::Small(config.into()));
+    files.insert("README.md".into(), FakeFile::Small(b"# readme".to_vec()));
+    let mut weight_map = serde_json::Map::new();
+    let mut declared = 0;
+    for (i, tensors) in shards.iter().enumerate() {
+        let name = if shards.len() == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len())
+        };
+        let (header, data_len) = shard_header(tensors);
+        declared += data_len;
+        for (tensor, _, _) in tensors {
+            weight_map.insert(tensor.clone(), name.clone().into());
+        }
+        files.insert(name, FakeFile::Shard { header, data_len });
+    }
+    if shards.len() > 1 {
+        let index = serde_json::json!({"metadata": {"total_size": 1}, "weight_map": weight_map});
+        files.insert(
+            "model.safetensors.index.json".into(),
+            FakeFile::Small(index.to_string().into_bytes()),
+        );
+    }
+    let repo = FakeRepo {
+        id: id.into(),
+        commit: fake_sha(id, 40),
+        files,
+        gated_token: gated_token.map(String::from),
+    };
+    (repo, declared)
+}
+
 /// A stand-in for a content hash: stable, hex, and different per input.
 pub fn fake_sha(seed: &str, len: usize) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;

@@ -2,12 +2,11 @@
 //! through a CDN redirect, the cache layout it leaves, the token kept to the Hub's host, and each
 //! way it can fail saying what it tried.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use headroom_hub::testing::{FakeFile, FakeRepo, fake_sha, shard_header, start};
+use headroom_hub::testing::{FakeRepo, fake_sha, repo_with_shards, shard_header, start};
 use headroom_hub::{FIRST_RANGE_BYTES, HubConfig, HubError, fetch};
 
 const CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":4096,
@@ -17,10 +16,6 @@ const CONFIG: &str = r#"{"architectures":["LlamaForCausalLM"],"model_type":"llam
 /// A two-shard repository whose second header is longer than the first range request, so it
 /// takes two. Returns the repo and the tensor bytes its headers declare.
 fn sharded_repo(id: &str, gated: Option<&str>) -> (FakeRepo, u64) {
-    let (h1, d1) = shard_header(&[
-        ("model.embed_tokens.weight".into(), 128_256, 4096),
-        ("model.layers.0.mlp.up_proj.weight".into(), 14_336, 4096),
-    ]);
     // 4,000 small tensors with long names: a header of several hundred KiB.
     let many: Vec<(String, u64, u64)> = (0..4000)
         .map(|i| {
@@ -31,40 +26,16 @@ fn sharded_repo(id: &str, gated: Option<&str>) -> (FakeRepo, u64) {
             )
         })
         .collect();
-    let (h2, d2) = shard_header(&many);
-    assert!(h2.len() as u64 > FIRST_RANGE_BYTES, "{}", h2.len());
-    let index = r#"{"metadata":{"total_size":1},"weight_map":{
-        "model.embed_tokens.weight":"model-00001-of-00002.safetensors",
-        "model.layers.0.mlp.up_proj.weight":"model-00001-of-00002.safetensors",
-        "model.layers.0.some_rather_long_module_name_for_padding.weight":"model-00002-of-00002.safetensors"}}"#;
-    let mut files = BTreeMap::new();
-    files.insert("config.json".into(), FakeFile::Small(CONFIG.into()));
-    files.insert("README.md".into(), FakeFile::Small(b"# readme".to_vec()));
-    files.insert(
-        "model.safetensors.index.json".into(),
-        FakeFile::Small(index.into()),
-    );
-    files.insert(
-        "model-00001-of-00002.safetensors".into(),
-        FakeFile::Shard {
-            header: h1,
-            data_len: d1,
-        },
-    );
-    files.insert(
-        "model-00002-of-00002.safetensors".into(),
-        FakeFile::Shard {
-            header: h2,
-            data_len: d2,
-        },
-    );
-    let repo = FakeRepo {
-        id: id.into(),
-        commit: fake_sha(id, 40),
-        files,
-        gated_token: gated.map(String::from),
-    };
-    (repo, d1 + d2)
+    assert!(shard_header(&many).0.len() as u64 > FIRST_RANGE_BYTES);
+    let first = vec![
+        ("model.embed_tokens.weight".to_string(), 128_256, 4096),
+        (
+            "model.layers.0.mlp.up_proj.weight".to_string(),
+            14_336,
+            4096,
+        ),
+    ];
+    repo_with_shards(id, CONFIG, &[first, many], gated)
 }
 
 fn config(endpoint: &str, cache: &Path, token: Option<&str>) -> HubConfig {
@@ -145,22 +116,13 @@ const GIB: u64 = 1 << 30;
 
 #[tokio::test]
 async fn a_single_file_repository_and_a_cdn_that_ignores_range() {
-    let (h, d) = shard_header(&[("w".into(), 1 << 20, 4096)]);
-    let mut files = BTreeMap::new();
-    files.insert("config.json".into(), FakeFile::Small(CONFIG.into()));
-    files.insert(
-        "model.safetensors".into(),
-        FakeFile::Shard {
-            header: h.clone(),
-            data_len: d,
-        },
+    let (repo, d) = repo_with_shards(
+        "acme/one",
+        CONFIG,
+        &[vec![("w".into(), 1 << 20, 4096)]],
+        None,
     );
-    let repo = FakeRepo {
-        id: "acme/one".into(),
-        commit: fake_sha("one", 40),
-        files,
-        gated_token: None,
-    };
+    let h = shard_header(&[("w".into(), 1 << 20, 4096)]).0;
     let hub = start(vec![repo], true).await;
     let cache = tempfile::tempdir().unwrap();
     let f = fetch(

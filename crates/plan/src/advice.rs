@@ -882,29 +882,10 @@ mod tests {
         );
     }
 
-    use crate::spec::{AudioTokenizer, ExactWeights, ModelKind, WeightsOrigin};
     use crate::units::GIB as GIB_BYTES;
     use crate::vllm::plan;
 
-    /// VibeVoice-ASR as the catalog describes it: a Qwen2.5-7B decoder and 1.06 B parameters of
-    /// convolutional audio tokenizers stored bf16, held fp32.
-    fn vibevoice_asr() -> ModelSpec {
-        let mut spec =
-            ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18_944, 28, 28, 4, 152_064);
-        spec.kind = ModelKind::SpeechToText;
-        spec.max_position_embeddings = 65_536;
-        spec.audio_tokenizer = Some(AudioTokenizer {
-            sample_rate_hz: 24_000,
-            samples_per_token: 3200,
-        });
-        spec.exact_weights = Some(ExactWeights {
-            bytes: 17_348_043_714,
-            origin: WeightsOrigin::Catalog,
-        });
-        spec.extra_params = 1_058_405_345;
-        spec.extra_dtype = Dtype::F32;
-        spec
-    }
+    use crate::fixtures::vibevoice_asr;
 
     #[test]
     fn options_that_keep_the_minutes_come_first_and_the_others_say_what_they_give_up() {

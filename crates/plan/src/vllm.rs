@@ -1710,23 +1710,7 @@ mod tests {
         assert_eq!(plan(&llama_8b(), &req).unwrap().sizing_mode, "given");
     }
 
-    fn vibevoice_asr() -> ModelSpec {
-        let mut spec =
-            ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18_944, 28, 28, 4, 152_064);
-        spec.kind = ModelKind::SpeechToText;
-        spec.max_position_embeddings = 65_536;
-        spec.audio_tokenizer = Some(AudioTokenizer {
-            sample_rate_hz: 24_000,
-            samples_per_token: 3200,
-        });
-        spec.exact_weights = Some(ExactWeights {
-            bytes: 17_348_043_714,
-            origin: WeightsOrigin::Catalog,
-        });
-        spec.extra_params = 1_058_405_345;
-        spec.extra_dtype = Dtype::F32;
-        spec
-    }
+    use crate::fixtures::vibevoice_asr;
 
     #[test]
     fn a_speech_model_gets_audio_lane_limits_and_a_consistent_minutes_line() {
