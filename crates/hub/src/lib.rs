@@ -172,7 +172,6 @@ pub async fn fetch(cfg: &HubConfig, repo: &str, revision: &str) -> Result<Fetche
     let info = hub.revision_info(revision).await?;
     let layout = cache::Layout::new(&cfg.cache_dir, repo, &info.commit);
     let config = hub.whole_file(&info.commit, "config.json").await?;
-    layout.store_file("config.json", &config.etag, &config.bytes)?;
     let shards = if info.files.iter().any(|f| f == cache::INDEX) {
         let index = hub.whole_file(&info.commit, cache::INDEX).await?;
         layout.store_file(cache::INDEX, &index.etag, &index.bytes)?;
@@ -193,6 +192,9 @@ pub async fn fetch(cfg: &HubConfig, repo: &str, revision: &str) -> Result<Fetche
         header_bytes += header.bytes.len() as u64;
         layout.store_header(shard, &header.etag, &header.bytes)?;
     }
+    // config.json last: a snapshot is found in the cache by it, so a fetch cut short leaves
+    // nothing that would be planned from half the headers (the next plan asks the Hub again).
+    layout.store_file("config.json", &config.etag, &config.bytes)?;
     if revision != info.commit {
         layout.store_ref(revision)?;
     }

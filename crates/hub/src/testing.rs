@@ -3,8 +3,8 @@
 //! `/{org}/{name}/resolve/{rev}/{file}` with `ETag` and `X-Repo-Commit`; large files (safetensors)
 //! with a 302 to a CDN path on another host name (`localhost`), carrying `X-Linked-Etag`,
 //! `X-Linked-Size` and `X-Repo-Commit`; the CDN honours `Range` (206 with `Content-Range`).
-//! Missing repositories are 401 with `X-Error-Code: RepoNotFound`, gated ones without the token
-//! 401 with `GatedRepo`. Shards are generated, never stored: their header, then zeros, so a
+//! Missing repositories are 401 with `X-Error-Code: RepoNotFound`; a gated one lists its files
+//! to anyone but serves them only with its token (else 401 with `GatedRepo`). Shards are generated, never stored: their header, then zeros, so a
 //! checkpoint can declare gigabytes. It counts what it served, and the Authorization headers the
 //! CDN saw.
 
@@ -230,8 +230,10 @@ async fn revision(
     headers: HeaderMap,
 ) -> Response {
     hub.served.requests.fetch_add(1, Ordering::Relaxed);
+    // A gated repository's metadata is public; only its files need the token.
     let repo = match hub.access(&org, &name, &headers) {
         Ok(r) => r,
+        Err("GatedRepo") => hub.repo(&org, &name).expect("gated means present"),
         Err(code) => return error(StatusCode::UNAUTHORIZED, code),
     };
     if rev != "main" && rev != repo.commit {

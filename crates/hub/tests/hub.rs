@@ -204,3 +204,36 @@ async fn each_failure_names_the_url_it_tried() {
     // Nothing was written for the failures.
     assert!(!cache.path().join("models--acme--none").exists());
 }
+
+#[tokio::test]
+async fn a_fetch_cut_short_leaves_nothing_a_plan_would_read() {
+    let (mut repo, _) = sharded_repo("acme/broken", None);
+    // The second shard is not a safetensors file: its length field says 0.
+    repo.files.insert(
+        "model-00002-of-00002.safetensors".into(),
+        headroom_hub::testing::FakeFile::Shard {
+            header: vec![0; 16],
+            data_len: 1024,
+        },
+    );
+    let hub = start(vec![repo], false).await;
+    let cache = tempfile::tempdir().unwrap();
+    let err = fetch(
+        &config(&hub.endpoint(), cache.path(), None),
+        "acme/broken",
+        "main",
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, HubError::Malformed { .. }), "{err}");
+    assert!(
+        err.to_string().contains("model-00002-of-00002.safetensors"),
+        "{err}"
+    );
+    // No config.json, so the cache does not offer the model with half its headers.
+    let env = headroom_inspect::resolve::Env {
+        hf_hub_cache: Some(cache.path().to_path_buf()),
+        ..Default::default()
+    };
+    assert!(headroom_inspect::resolve_model("acme/broken", &env).is_err());
+}
