@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod doctor_live;
 pub mod pipe;
 pub mod plan;
+pub mod plan_hub;
 pub mod plan_layout;
 pub mod plan_llamacpp;
 pub mod replan;

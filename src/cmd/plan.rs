@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use headroom_inspect::catalog::{find_gpu, find_profile, reserve_profiles};
-use headroom_inspect::resolve::{Env, resolve_model};
 use headroom_plan::units::{GIB, MIB, SizeUnit, gib, parse_size, size_unit, thousands};
 use headroom_plan::{
     Dtype, KvCacheDtype, Plan, PlanRequest, QuantScheme, Reservation, plan as make_plan,
@@ -39,13 +38,18 @@ pub enum ListWhat {
 }
 
 #[derive(Debug, clap::Args)]
+// A flag given twice takes the later value (with a note on stderr), so an option's flags can be
+// added to a command line that already has them.
+#[command(args_override_self = true)]
 pub struct PlanArgs {
     /// vllm, or llamacpp (llama.cpp / llama-server: GGUF, --n-gpu-layers partial offload).
     #[arg(long, value_enum, default_value_t = Engine::Vllm)]
     pub engine: Engine,
-    /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog name.
-    #[arg(long, required_unless_present = "list", default_value = "")]
-    pub model: String,
+    /// Hugging Face id (meta-llama/Llama-3.1-8B-Instruct), local directory or file, or a catalog
+    /// name. Looked up on disk, in the Hugging Face cache, in the catalog, then on the Hub
+    /// (config.json and safetensors headers only; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE=1).
+    #[arg(long, required_unless_present = "list")]
+    pub model: Option<String>,
     /// Print the built-in catalog's models, GPUs or reserve profiles (one per line) and exit.
     #[arg(long, value_enum)]
     pub list: Option<ListWhat>,
@@ -54,7 +58,10 @@ pub struct PlanArgs {
     /// there counts as --other-used.
     #[arg(long)]
     pub gpu: Option<String>,
-    /// vLLM's budget as a fraction of total memory; default: the largest that fits beside the co-tenants.
+    /// vLLM's budget as a fraction of the card's memory. Default: vLLM's own (0.92 since vLLM
+    /// 0.21, 0.90 before; see --vllm-version) on a card of its own; beside co-tenants the largest
+    /// that leaves them free (at most 0.95); with --max-num-seqs or --target-concurrency, just
+    /// what a KV pool sized for them needs.
     #[arg(long)]
     pub gpu_memory_utilization: Option<f64>,
     /// A fixed KV-cache size (vLLM --kv-cache-memory), e.g. 4GiB.
@@ -63,8 +70,15 @@ pub struct PlanArgs {
     /// Longest sequence (prompt + output) in tokens; accepts 16k / 128K.
     #[arg(long)]
     pub max_model_len: Option<String>,
+    /// vLLM --max-num-seqs: sequences run at once (vLLM's default: 256, or 1024 on cards of 70
+    /// GiB and more other than A100s). Given without --gpu-memory-utilization, the KV pool is
+    /// sized for that many sequences of --max-model-len plus --kv-slack (--fill: the largest
+    /// safe utilization instead).
     #[arg(long)]
     pub max_num_seqs: Option<u64>,
+    /// vLLM --max-num-batched-tokens: tokens one forward pass takes, which sets the activation
+    /// peak (vLLM's default: 2048, or 8192 on cards of 70 GiB and more; V0 releases at least
+    /// --max-model-len); accepts 8k.
     #[arg(long)]
     pub max_num_batched_tokens: Option<String>,
     /// auto (the model dtype) or fp8 (fp8_e4m3, fp8_e5m2).
@@ -76,13 +90,18 @@ pub struct PlanArgs {
     /// none, awq, gptq, bnb-4bit, bnb-8bit, fp8, mxfp4, nvfp4; default: what the checkpoint declares.
     #[arg(long)]
     pub quantization: Option<String>,
+    /// GPUs one model is split over (vLLM --tensor-parallel-size): weights and KV heads are
+    /// divided per rank, and every figure is per GPU. Must divide the attention heads.
     #[arg(long, visible_alias = "tp", default_value_t = 1)]
     pub tensor_parallel_size: u64,
     /// Decoder layers split over this many GPUs (vLLM --pipeline-parallel-size); figures per GPU.
     #[arg(long, visible_alias = "pp", default_value_t = 1)]
     pub pipeline_parallel_size: u64,
-    /// The vLLM release to reproduce (0.6.3, 0.8.5, latest): older ones profile and charge
-    /// memory differently.
+    /// The vLLM release to reproduce (0.6.3, 0.8.5, 0.20.1, latest). 0.21 and later (latest):
+    /// default utilization 0.92, CUDA-graph estimate counted inside it. 0.9.1 to 0.20: 0.90,
+    /// graphs on top. 0.8 to 0.9.0 also charge other processes' memory to the instance; V0
+    /// releases (before 0.8) profile a whole --max-model-len prompt. Before 0.9.1 there is no
+    /// start-up free-memory check and no --kv-cache-memory.
     #[arg(long, default_value = "latest")]
     pub vllm_version: String,
     /// Memory for another tenant: NAME=SIZE, or a catalog profile (whisper-large-v3). Repeatable.
@@ -90,6 +109,8 @@ pub struct PlanArgs {
     pub reserve: Vec<String>,
     /// Reserve what `headroom up` measured instead of a guessed profile: the calibration file
     /// beside a box file (BOX.calibration.json); each audio backend's measured peak is reserved.
+    /// A file measured with `probe: host` (a CPU-only box) holds host memory, not GPU memory:
+    /// it is used as written, with a warning.
     #[arg(long, value_name = "FILE")]
     pub reserve_from: Option<std::path::PathBuf>,
     /// Memory other processes already hold on the card.
@@ -104,6 +125,8 @@ pub struct PlanArgs {
     /// Sequences of --max-model-len that must run at once: prints the memory needed.
     #[arg(long)]
     pub target_concurrency: Option<u64>,
+    /// KV-cache block size in tokens (vLLM --block-size: 1, 8, 16, 32, 64, 128 or 256); the
+    /// pool and every sequence are counted in whole blocks.
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
     /// Plan without CUDA graphs (vLLM --enforce-eager).
@@ -112,6 +135,8 @@ pub struct PlanArgs {
     /// Charge sliding-window layers at full length (vLLM --disable-hybrid-kv-cache-manager).
     #[arg(long)]
     pub disable_hybrid_kv_cache_manager: bool,
+    /// table (readable, coloured with --color always), json (every figure; field names are
+    /// stable) or shell (the `vllm serve` line alone; nothing when the plan does not fit).
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
     /// With --max-num-seqs/--target-concurrency: take the largest safe utilization instead of a
@@ -152,7 +177,7 @@ fn parse_sized(flag: &str, whole: &str, text: &str) -> anyhow::Result<u64> {
     let bytes = parse_size(text).with_context(|| format!("invalid {flag} '{whole}'"))?;
     match size_unit(text) {
         Some(SizeUnit::Bare) if bytes < MIB => bail!(
-            "invalid {flag} '{whole}': a size needs a unit, e.g. {n}GiB or {n}MiB (a bare number is bytes)",
+            "invalid {flag} '{whole}': {n} alone would be {n} bytes; a size this small needs a unit, e.g. {n}GiB or {n}MiB",
             n = text.trim()
         ),
         Some(SizeUnit::Decimal) => note_decimal(flag, text, bytes),
@@ -229,8 +254,9 @@ fn reservations(flags: &[String]) -> anyhow::Result<Vec<Reservation>> {
     Ok(out)
 }
 
-/// One reservation per audio backend of a calibration file, at its measured peak.
-fn reservations_from(path: &std::path::Path) -> anyhow::Result<Vec<Reservation>> {
+/// One reservation per audio backend of a calibration file, at its measured peak; with a warning
+/// when the figures are host memory (`probe: host`, a CPU-only box) rather than GPU memory.
+fn reservations_from(path: &std::path::Path) -> anyhow::Result<(Vec<Reservation>, Option<String>)> {
     let calibration = headroom_gpu::Calibration::load(path).context("invalid --reserve-from")?;
     let reservations: Vec<Reservation> = calibration
         .backends
@@ -257,7 +283,13 @@ fn reservations_from(path: &std::path::Path) -> anyhow::Result<Vec<Reservation>>
             path.display()
         );
     }
-    Ok(reservations)
+    let note = calibration.probe.eq_ignore_ascii_case("host").then(|| {
+        format!(
+            "--reserve-from {}: these figures were measured with probe: host, the host memory (RSS/PSS) of the backends' processes on a box without a GPU probe, not GPU memory; they are reserved as written, but the same backends on a GPU hold a different amount: measure them with `headroom up` on the GPU box",
+            path.display()
+        )
+    });
+    Ok((reservations, note))
 }
 
 /// GPU 0 of this machine, read through NVML.
@@ -346,8 +378,10 @@ fn allow_long_max_model_len() -> bool {
         .is_ok_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true"))
 }
 
-/// Turns raw flags into a request; every malformed value is an error naming its flag.
-fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
+/// Turns raw flags into a request, with warnings about what it was given; every malformed value
+/// is an error naming its flag.
+fn request(args: &PlanArgs) -> anyhow::Result<(PlanRequest, Vec<String>)> {
+    let mut notes = Vec::new();
     let mut live_other_used = None;
     let (gpu_name, total) = match args.gpu.as_deref() {
         Some(gpu) => gpu_from_flag(gpu)?,
@@ -417,7 +451,9 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
     req.hybrid_kv_manager = !args.disable_hybrid_kv_cache_manager;
     req.reservations = reservations(&args.reserve)?;
     if let Some(path) = &args.reserve_from {
-        req.reservations.extend(reservations_from(path)?);
+        let (reserved, note) = reservations_from(path)?;
+        req.reservations.extend(reserved);
+        notes.extend(note);
     }
     req.other_used_bytes = args
         .other_used
@@ -440,7 +476,7 @@ fn request(args: &PlanArgs) -> anyhow::Result<PlanRequest> {
         })?;
     req.kv_slack = parse_fraction("kv-slack", &args.kv_slack)?;
     req.allow_long_max_model_len = allow_long_max_model_len();
-    Ok(req)
+    Ok((req, notes))
 }
 
 /// `0.25` or `25%`.
@@ -505,13 +541,81 @@ fn render_sizing(plan: &Plan) -> String {
     out
 }
 
+impl PlanArgs {
+    /// `--model` (clap requires it unless `--list` is given).
+    pub fn model(&self) -> &str {
+        self.model.as_deref().unwrap_or_default()
+    }
+}
+
+/// Long flags of `plan` given more than once in `argv` (the words after `plan`), each with the
+/// values in the order given; clap keeps the last. Repeatable flags (`--reserve`) and flags
+/// without a value are left out.
+pub fn repeated_flags(argv: &[String]) -> Vec<(String, Vec<String>)> {
+    use clap::{ArgAction, Args as _};
+    let cmd = PlanArgs::augment_args(clap::Command::new("plan"));
+    let start = argv.iter().position(|a| a == "plan").map_or(0, |i| i + 1);
+    let mut seen: Vec<(String, Vec<String>)> = Vec::new();
+    let mut words = argv[start.min(argv.len())..].iter();
+    while let Some(word) = words.next() {
+        if word == "--" {
+            break;
+        }
+        let Some(flag) = word.strip_prefix("--") else {
+            continue;
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_string())),
+            None => (flag, None),
+        };
+        let Some(arg) = cmd.get_arguments().find(|a| {
+            a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name))
+        }) else {
+            continue;
+        };
+        if !matches!(arg.get_action(), ArgAction::Set) {
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v,
+            None => words.next().cloned().unwrap_or_default(),
+        };
+        let long = arg.get_long().unwrap_or(name).to_string();
+        match seen.iter_mut().find(|(f, _)| *f == long) {
+            Some((_, values)) => values.push(value),
+            None => seen.push((long, vec![value])),
+        }
+    }
+    seen.retain(|(_, values)| values.len() > 1);
+    seen
+}
+
+/// One note per flag given more than once.
+fn note_repeated_flags() {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    for (flag, values) in repeated_flags(&argv) {
+        eprintln!(
+            "headroom: note: --{flag} is given {} times ({}); the last one, {}, is used",
+            values.len(),
+            values.join(", "),
+            values.last().map(String::as_str).unwrap_or_default()
+        );
+    }
+}
+
 pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
     if let Some(what) = args.list {
         emit(&catalog_list(what)).context("writing the list")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let req = request(&args)?;
-    super::check_model_path(&args.model)?;
+    note_repeated_flags();
+    let (req, notes) = request(&args)?;
+    for n in &notes {
+        eprintln!("headroom: warning: {n}");
+    }
+    super::check_model_path(args.model())?;
     if args.engine == Engine::Llamacpp {
         return super::plan_llamacpp::run(&args, &req);
     }
@@ -520,8 +624,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "--ctx-size, --parallel, --n-gpu-layers and the other llama.cpp flags need --engine llamacpp"
         );
     }
-    let resolved = resolve_model(&args.model, &Env::from_process())?;
-    let plan = make_plan(&resolved.spec, &req)?;
+    let resolved = super::plan_hub::resolve(args.model())?;
+    let mut plan = make_plan(&resolved.spec, &req)?;
+    plan.warnings.extend(notes);
     let layout = super::plan_layout::layout(&plan, &args.layout)?;
     let text = match args.format {
         Format::Json => format!(
@@ -543,7 +648,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
             if let Some(l) = &layout {
                 t.push_str(&super::plan_layout::render_layout(&plan, l));
             }
-            t
+            paint_table(&t)
         }
     };
     emit(&text).context("writing the plan")?;
@@ -558,6 +663,74 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::from(EXIT_DOES_NOT_FIT))
     }
+}
+
+/// Whether `plan`'s table is coloured: `--color always`, or `auto` (the default) on a terminal
+/// with NO_COLOR unset.
+fn color_wanted() -> bool {
+    use std::io::IsTerminal as _;
+    match super::ColorWhen::from_args(std::env::args_os()) {
+        super::ColorWhen::Always => true,
+        super::ColorWhen::Never => false,
+        super::ColorWhen::Auto => std::io::stdout().is_terminal(),
+    }
+}
+
+/// The table with ANSI colours when they are wanted (see [`color_wanted`]).
+pub fn paint_table(text: &str) -> String {
+    if color_wanted() {
+        paint(text)
+    } else {
+        text.to_string()
+    }
+}
+
+/// Colours a rendered table line by line: the verdict green (fits), red (does not fit, refused)
+/// or yellow (short of what was asked); notes yellow; the title, headings and the command lines
+/// to run in bold.
+pub fn paint(text: &str) -> String {
+    const BOLD: &str = "\x1b[1m";
+    const RED: &str = "\x1b[1;31m";
+    const GREEN: &str = "\x1b[1;32m";
+    const YELLOW: &str = "\x1b[33m";
+    const RESET: &str = "\x1b[0m";
+    let mut out = String::with_capacity(text.len() + 256);
+    for line in text.split_inclusive('\n') {
+        let (body, end) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        let style = if body.starts_with("verdict: fits") {
+            Some(GREEN)
+        } else if body.starts_with("verdict: DOES NOT FIT")
+            || body.starts_with("verdict: vLLM REFUSES")
+        {
+            Some(RED)
+        } else if body.starts_with("verdict: SHORT") || body.starts_with("note:") {
+            Some(YELLOW)
+        } else if body.starts_with("headroom plan")
+            || body.starts_with("vllm serve ")
+            || body.starts_with("llama-server ")
+            || body.starts_with("  CUDA_VISIBLE_DEVICES=")
+            || body.starts_with("options")
+            || body.starts_with("component ")
+            || body.starts_with("buffer ")
+        {
+            Some(BOLD)
+        } else {
+            None
+        };
+        match style {
+            Some(s) if !body.is_empty() => {
+                out.push_str(s);
+                out.push_str(body);
+                out.push_str(RESET);
+            }
+            _ => out.push_str(body),
+        }
+        out.push_str(end);
+    }
+    out
 }
 
 fn shell_quote(s: &str) -> String {
@@ -706,6 +879,13 @@ pub fn render_table(plan: &Plan) -> String {
                 let _ = writeln!(out, "  {r}");
             }
         }
+        None if plan.fits && !plan.gives_up.is_empty() => {
+            let _ = writeln!(
+                out,
+                "verdict: SHORT OF WHAT WAS ASKED: {}; these settings fit the card",
+                plan.gives_up.join("; ")
+            );
+        }
         None if plan.fits => {
             let _ = writeln!(out, "verdict: fits");
         }
@@ -728,16 +908,24 @@ pub fn render_table(plan: &Plan) -> String {
     if !plan.options.is_empty() {
         let _ = writeln!(
             out,
-            "options (each planned again with the change applied; all fit, cheapest first):"
+            "options (each planned again with the change applied; all fit; those that keep what was asked first, then the fewest GPUs, the least quality cost, the least memory):"
         );
         for o in &plan.options {
+            let card = if o.gpus > 1 {
+                format!(
+                    "{:.2} GiB on each of {} GPUs",
+                    gib(o.memory_needed_bytes),
+                    o.gpus
+                )
+            } else {
+                format!("{:.2} GiB of the card", gib(o.memory_needed_bytes))
+            };
             let _ = writeln!(
                 out,
-                "  {}: {}\n      re-planned: utilization {:.2}, {:.2} GiB of the card, {} × {} tokens  [{}]",
+                "  {}: {}\n      re-planned: utilization {:.2}, {card}, {} × {} tokens  [{}]",
                 o.option,
                 o.description,
                 o.gpu_memory_utilization,
-                gib(o.memory_needed_bytes),
                 o.concurrency,
                 thousands(o.max_model_len),
                 o.headroom_args.join(" ")

@@ -26,7 +26,7 @@ pub struct Layout {
     pub data_parallel_size: u64,
     /// GPUs in all: replicas × tensor-parallel ranks.
     pub gpus: u64,
-    /// One shell line per replica.
+    /// One shell line per replica; none when the plan does not fit.
     pub launch_lines: Vec<String>,
     /// `serve`'s lane upstreams, in replica order.
     pub upstreams: Vec<String>,
@@ -65,7 +65,9 @@ pub fn layout(plan: &Plan, args: &LayoutArgs) -> anyhow::Result<Option<Layout>> 
     }
     let mut launch_lines = Vec::new();
     let mut upstreams = Vec::new();
-    for i in 0..n {
+    // Nothing runnable for a plan that does not fit: no launch lines, no upstreams.
+    let replicas = if plan.fits { n } else { 0 };
+    for i in 0..replicas {
         let devices: Vec<String> = (i * tp..(i + 1) * tp).map(|d| d.to_string()).collect();
         let port = u64::from(args.base_port) + i;
         let mut parts = vec![
@@ -153,6 +155,9 @@ pub fn render_layout(plan: &Plan, layout: &Layout) -> String {
             thousands(layout.kv_cache_tokens_all_replicas),
             layout.max_inflight_all_replicas
         );
+    }
+    if layout.launch_lines.is_empty() {
+        return out;
     }
     let _ = writeln!(out, "launch:");
     for l in &layout.launch_lines {

@@ -230,7 +230,7 @@ fn server_args(req: &LlamaCppRequest, p: &LlamaCppPlan) -> Vec<String> {
 /// Plans llama.cpp for `args`; `base` carries the card, co-tenants and margin parsed for vLLM.
 pub fn report(args: &PlanArgs, base: &PlanRequest) -> anyhow::Result<LlamaCppReport> {
     let (mut req, weight_type) = request(&args.llamacpp)?;
-    let src = resolve_llamacpp(&args.model, &Env::from_process(), weight_type)?;
+    let src = resolve_llamacpp(args.model(), &Env::from_process(), weight_type)?;
     req.model = src.model.clone();
     try_plan(&req).map_err(|e| anyhow::anyhow!("{e}"))?;
     let co_tenants = base.other_used_bytes + base.reservations.iter().map(|r| r.bytes).sum::<u64>();
@@ -282,7 +282,7 @@ pub fn report(args: &PlanArgs, base: &PlanRequest) -> anyhow::Result<LlamaCppRep
     }
     Ok(LlamaCppReport {
         engine: "llamacpp",
-        model: args.model.clone(),
+        model: args.model().to_string(),
         model_source: src.source,
         weights_origin: if src.exact { "exact" } else { "estimated" },
         gpu_name: base.gpu_name.clone(),
@@ -309,7 +309,7 @@ pub fn run(args: &PlanArgs, base: &PlanRequest) -> anyhow::Result<ExitCode> {
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Shell => println!("{}", command_line(&r, &r.llama_server_args)),
-        Format::Table => print!("{}", render_table(&r)),
+        Format::Table => print!("{}", super::plan::paint_table(&render_table(&r))),
     }
     if r.fits {
         Ok(ExitCode::SUCCESS)

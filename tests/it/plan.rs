@@ -10,17 +10,19 @@ use serde_json::Value;
 
 const GIB: u64 = 1 << 30;
 
-fn headroom(args: &[&str]) -> Output {
+pub(crate) fn headroom(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args(args)
         // Keep a developer's own Hugging Face cache out of the results.
         .env("HF_HOME", "/nonexistent-headroom-test")
+        // Never the network: a model outside the catalog is not looked up on the Hub.
+        .env("HF_HUB_OFFLINE", "1")
         .env_remove("HF_HUB_CACHE")
         .output()
         .expect("run headroom")
 }
 
-fn plan_json(args: &[&str]) -> (Value, i32) {
+pub(crate) fn plan_json(args: &[&str]) -> (Value, i32) {
     let mut all = vec!["plan", "--format", "json"];
     all.extend_from_slice(args);
     let out = headroom(&all);
@@ -274,7 +276,9 @@ fn a_plan_that_cannot_fit_exits_3_with_the_shortfall_and_options() {
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("DOES NOT FIT"), "{table}");
     assert!(table.contains("GiB short"), "{table}");
-    assert!(table.contains("options:"), "{table}");
+    // Eight such GPUs hold it: offered with the flags to add.
+    assert!(table.contains("options ("), "{table}");
+    assert!(table.contains("--tensor-parallel-size 8"), "{table}");
     let (p, code) = plan_json(&[
         "--model",
         "meta-llama/Llama-3.1-8B-Instruct",
@@ -454,22 +458,15 @@ fn a_config_missing_a_field_names_field_and_file() {
 /// Writes a safetensors shard whose header declares `tensors` of `[rows, cols]` bf16 and whose
 /// data is a hole: the file is as long as the header says, but nothing is written there.
 fn sparse_shard(path: &Path, tensors: &[(&str, u64, u64)]) -> u64 {
-    let mut offset = 0u64;
-    let mut entries = Vec::new();
-    for (name, rows, cols) in tensors {
-        let bytes = rows * cols * 2;
-        entries.push(format!(
-            r#""{name}":{{"dtype":"BF16","shape":[{rows},{cols}],"data_offsets":[{offset},{}]}}"#,
-            offset + bytes
-        ));
-        offset += bytes;
-    }
-    let header = format!("{{{}}}", entries.join(","));
+    let tensors: Vec<(String, u64, u64)> = tensors
+        .iter()
+        .map(|(n, r, c)| (n.to_string(), *r, *c))
+        .collect();
+    let (header, data) = headroom_hub::testing::shard_header(&tensors);
     let mut f = File::create(path).unwrap();
-    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(header.as_bytes()).unwrap();
-    f.set_len(8 + header.len() as u64 + offset).unwrap();
-    offset
+    f.write_all(&header).unwrap();
+    f.set_len(header.len() as u64 + data).unwrap();
+    data
 }
 
 #[test]
@@ -535,26 +532,15 @@ fn sharded_sparse_checkpoint_gives_exact_weights_from_headers() {
 fn reserve_from_a_calibration_file_reserves_the_measured_audio_peaks() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("box.up.calibration.json");
-    let mut c = headroom_gpu::Calibration::new("nvml", 24 * GIB);
-    for (name, role, peak) in [
-        ("whisper", "audio", 3 * GIB),
-        ("tts", "audio", GIB / 2),
-        ("llm", "text", 18 * GIB),
-    ] {
-        c.set_backend(
-            name,
-            headroom_gpu::BackendCalibration {
-                role: role.into(),
-                engine: "other".into(),
-                resident_bytes: peak / 2,
-                peak_bytes: peak,
-                peak_per_audio_second_bytes: None,
-                warmup_runs: 3,
-                date: String::new(),
-            },
-        );
-    }
-    c.save(&path).unwrap();
+    calibration_file(
+        &path,
+        "nvml",
+        &[
+            ("whisper", "audio", 3 * GIB),
+            ("tts", "audio", GIB / 2),
+            ("llm", "text", 18 * GIB),
+        ],
+    );
     let args = [
         "--model",
         "Qwen/Qwen2.5-7B-Instruct-AWQ",
@@ -584,4 +570,24 @@ fn reserve_from_a_calibration_file_reserves_the_measured_audio_peaks() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no audio backend"), "{err}");
+}
+
+/// A calibration file as `headroom up` writes it: each backend's peak, half of it resident.
+pub(crate) fn calibration_file(path: &Path, probe: &str, backends: &[(&str, &str, u64)]) {
+    let mut c = headroom_gpu::Calibration::new(probe, 24 * GIB);
+    for (name, role, peak) in backends {
+        c.set_backend(
+            name,
+            headroom_gpu::BackendCalibration {
+                role: role.to_string(),
+                engine: "other".into(),
+                resident_bytes: peak / 2,
+                peak_bytes: *peak,
+                peak_per_audio_second_bytes: None,
+                warmup_runs: 3,
+                date: String::new(),
+            },
+        );
+    }
+    c.save(path).unwrap();
 }

@@ -11,6 +11,8 @@ fn headroom_env(args: &[String], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(env!("CARGO_BIN_EXE_headroom"));
     c.args(args)
         .env("HF_HOME", "/nonexistent-headroom-test")
+        // Never the network: a model outside the catalog is not looked up on the Hub.
+        .env("HF_HUB_OFFLINE", "1")
         .env_remove("HF_HUB_CACHE")
         .env_remove("VLLM_ALLOW_LONG_MAX_MODEL_LEN");
     for (k, v) in env {

@@ -282,19 +282,26 @@ fn sliding_of(
     (Some(window), sliding)
 }
 
-/// Parameters of a ViT-style tower described by `vision_config`, if any.
-fn vision_params(root: &Obj) -> u64 {
+/// Parameters of a ViT-style tower described by `vision_config`, if any: `(all, linear)`, the
+/// second being those in vLLM's parallel linear layers (split over tensor-parallel ranks,
+/// quantized at load time). Its attention projections always are; its MLP only when the hidden
+/// and intermediate sizes are multiples of 64, as vLLM's SigLIP tower requires before it passes
+/// the quantization config on.
+fn vision_params(root: &Obj) -> (u64, u64) {
     let Some(Value::Object(v)) = root.get("vision_config") else {
-        return 0;
+        return (0, 0);
     };
     let (Some(h), Some(i), Some(l)) = (
         u(v, "hidden_size"),
         u(v, "intermediate_size"),
         first_u(v, &["num_hidden_layers", "depth"]),
     ) else {
-        return 0;
+        return (0, 0);
     };
-    l * (4 * h * h + 2 * h * i)
+    let attention = l * 4 * h * h;
+    let mlp = l * 2 * h * i;
+    let mlp_linear = if h % 64 == 0 && i % 64 == 0 { mlp } else { 0 };
+    (attention + mlp, attention + mlp_linear)
 }
 
 fn kind_of(root: &Obj, model_type: &str, arch: &str) -> ModelKind {
@@ -310,6 +317,69 @@ fn kind_of(root: &Obj, model_type: &str, arch: &str) -> ModelKind {
     } else {
         ModelKind::Text
     }
+}
+
+/// Layer kinds whose memory is attention KV, which the planner sizes (`layer_types` values).
+const ATTENTION_LAYER_TYPES: [&str; 4] = [
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "attention",
+];
+
+/// Model types that keep a recurrent or state-space state instead of (or beside) a KV cache.
+const STATE_MODEL_TYPES: [&str; 7] = [
+    "mamba",
+    "mamba2",
+    "falcon_mamba",
+    "rwkv",
+    "rwkv6",
+    "rwkv7",
+    "xlstm",
+];
+
+/// What the planner lacks to plan this config, if anything: layers that are not attention
+/// (linear attention, Mamba, convolution or recurrent blocks) keep a per-sequence state whose
+/// size it does not model.
+fn missing_piece(root: &Obj, text: &Obj, model_type: &str, layers: u64) -> Option<String> {
+    if STATE_MODEL_TYPES.contains(&model_type) {
+        return Some(format!(
+            "model_type '{model_type}' keeps a recurrent (state-space) state per sequence instead of a KV cache, which the planner does not size"
+        ));
+    }
+    let kinds: Vec<String> = if let Some(Value::Array(types)) = text.get("layer_types") {
+        types
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_ascii_lowercase))
+            .collect()
+    } else if let Some(Value::Array(types)) = text
+        .get("layers_block_type")
+        .or_else(|| root.get("layers_block_type"))
+    {
+        types
+            .iter()
+            .filter_map(|t| t.as_str().map(str::to_ascii_lowercase))
+            .collect()
+    } else if let Some(pattern) = s(text, "hybrid_override_pattern") {
+        // Nemotron-H: M = Mamba-2, * = attention, - = MLP.
+        pattern
+            .chars()
+            .filter(|c| *c == 'M')
+            .map(|_| "mamba".to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let other: Vec<&String> = kinds
+        .iter()
+        .filter(|k| !ATTENTION_LAYER_TYPES.contains(&k.as_str()) && !k.is_empty())
+        .collect();
+    let first = other.first()?;
+    let same = other.iter().filter(|k| k == &first).count();
+    Some(format!(
+        "{same} of {} layers are '{first}' layers, whose per-sequence state the planner does not size",
+        layers.max(kinds.len() as u64)
+    ))
 }
 
 /// Builds a spec from a parsed config.json. `file` names the source in error messages.
@@ -336,6 +406,15 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
     }
 
     let text = &with_family_defaults(text_object(root));
+    let layer_count = first_u(text, &["num_hidden_layers", "n_layer", "num_layers"]).unwrap_or(0);
+    if let Some(piece) = missing_piece(root, text, &model_type, layer_count) {
+        return Err(InspectError::Unsupported {
+            name: name.to_string(),
+            architecture,
+            file: file.to_string(),
+            piece,
+        });
+    }
     let hidden = need(text, &["hidden_size", "n_embd", "d_model"], file)?;
     let layers = need(text, &["num_hidden_layers", "n_layer", "num_layers"], file)?;
     let heads = need(text, &["num_attention_heads", "n_head"], file)?;
@@ -373,6 +452,7 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         None => None,
     };
     let (sliding_window, num_sliding_layers) = sliding_of(root, text, &model_type, layers, max_pos);
+    let vision = vision_params(root);
 
     let audio_tokenizer =
         if root.contains_key("acoustic_tokenizer_config") || model_type.contains("vibevoice") {
@@ -410,8 +490,9 @@ pub fn spec_from_config(name: &str, file: &str, config: &Value) -> Result<ModelS
         quantization: with_unconverted(quantization_of(root, text), root, text, layers),
         encoder_decoder: None,
         audio_tokenizer,
-        extra_params: vision_params(root),
+        extra_params: vision.0,
         extra_dtype: dtype_of(root, text),
+        extra_linear_params: vision.1,
         exact_weights: None,
         weight_components: Vec::new(),
     })
@@ -438,6 +519,9 @@ fn whisper_spec(
     let encoder =
         enc_layers * (4 * d * d + 2 * d * enc_ffn) + mel * d * 3 + d * d * 3 + source_positions * d;
     let cross = dec_layers * 4 * d * d + target_positions * d;
+    // The encoder's and cross-attention's projections are vLLM linear layers; the convolutions
+    // and positional tables are not.
+    let linear = enc_layers * (4 * d * d + 2 * d * enc_ffn) + dec_layers * 4 * d * d;
     let dtype = dtype_of(root, root);
     Ok(ModelSpec {
         name: name.to_string(),
@@ -470,6 +554,7 @@ fn whisper_spec(
         audio_tokenizer: None,
         extra_params: encoder + cross,
         extra_dtype: dtype,
+        extra_linear_params: linear,
         exact_weights: None,
         weight_components: Vec::new(),
     })
@@ -610,6 +695,64 @@ mod tests {
         let params = headroom_plan::weights::param_counts(&spec).total();
         // whisper-large-v3 has 1.55 B parameters.
         assert!((1_500_000_000..1_600_000_000).contains(&params), "{params}");
+    }
+
+    #[test]
+    fn layers_that_are_not_attention_are_named_not_guessed() {
+        // Qwen3-Next: three linear-attention (Gated DeltaNet) layers to every full one.
+        let mut types = Vec::new();
+        for i in 0..48 {
+            types.push(if i % 4 == 3 {
+                "full_attention"
+            } else {
+                "linear_attention"
+            });
+        }
+        let cfg = json!({"architectures":["Qwen3NextForCausalLM"],"model_type":"qwen3_next",
+            "hidden_size":2048,"num_hidden_layers":48,"num_attention_heads":16,"num_key_value_heads":2,
+            "vocab_size":151936,"layer_types":types});
+        let err = spec_from_config("Qwen/Qwen3-Next-80B-A3B-Instruct", "c.json", &cfg).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, InspectError::Unsupported { .. }), "{text}");
+        assert!(text.contains("Qwen3NextForCausalLM"), "{text}");
+        assert!(
+            text.contains("36 of 48 layers are 'linear_attention'"),
+            "{text}"
+        );
+        // Nemotron-H's pattern and a plain Mamba.
+        let cfg = json!({"architectures":["NemotronHForCausalLM"],"model_type":"nemotron_h",
+            "hidden_size":4096,"num_hidden_layers":4,"num_attention_heads":32,"vocab_size":1000,
+            "hybrid_override_pattern":"M-M*"});
+        let text = spec_from_config("n", "c.json", &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("2 of 4 layers are 'mamba'"), "{text}");
+        let cfg = json!({"model_type":"mamba","hidden_size":768,"num_hidden_layers":24,"vocab_size":50280});
+        let text = spec_from_config("m", "c.json", &cfg)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("model_type 'mamba'"), "{text}");
+        // Attention-only layer types are planned as before.
+        let cfg = json!({"model_type":"gpt_oss","hidden_size":64,"num_hidden_layers":2,
+            "num_attention_heads":4,"vocab_size":100,"sliding_window":8,
+            "layer_types":["sliding_attention","full_attention"]});
+        assert!(spec_from_config("o", "c.json", &cfg).is_ok());
+    }
+
+    #[test]
+    fn a_vision_towers_linear_layers_are_counted_apart() {
+        // Gemma 3's SigLIP: 4,304 is not a multiple of 64, so vLLM leaves its MLP unquantized.
+        let cfg = json!({"model_type":"gemma3","text_config":{"model_type":"gemma3_text",
+            "hidden_size":2560,"intermediate_size":10240,"num_hidden_layers":34},
+            "vision_config":{"hidden_size":1152,"intermediate_size":4304,"num_hidden_layers":27}});
+        let spec = spec_from_config("g", "c.json", &cfg).unwrap();
+        assert_eq!(spec.extra_params, 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304));
+        assert_eq!(spec.extra_linear_params, 27 * 4 * 1152 * 1152);
+        let cfg = json!({"model_type":"x","hidden_size":64,"num_hidden_layers":2,
+            "num_attention_heads":4,"vocab_size":100,
+            "vision_config":{"hidden_size":1280,"intermediate_size":5120,"depth":32}});
+        let spec = spec_from_config("q", "c.json", &cfg).unwrap();
+        assert_eq!(spec.extra_linear_params, spec.extra_params);
     }
 
     #[test]

@@ -343,6 +343,7 @@ impl GgufMeta {
             audio_tokenizer: None,
             extra_params: 0,
             extra_dtype: dense_dtype,
+            extra_linear_params: 0,
             exact_weights: Some(ExactWeights {
                 bytes: self.tensor_bytes(),
                 origin: WeightsOrigin::GgufTensors,

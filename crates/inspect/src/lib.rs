@@ -29,6 +29,17 @@ pub enum InspectError {
     Io { path: String, reason: String },
     #[error("{path} holds no config.json, *.safetensors or *.gguf to describe a model")]
     NothingToRead { path: String },
+    #[error(
+        "cannot plan {name} ({architecture}, {file}): {piece}; the planner models attention KV caches only, and a plan without that piece would be a guess"
+    )]
+    Unsupported {
+        name: String,
+        architecture: String,
+        file: String,
+        /// What the planner lacks, in words ("36 of 48 layers are 'linear_attention' layers,
+        /// whose recurrent state it does not size").
+        piece: String,
+    },
 }
 
 impl InspectError {

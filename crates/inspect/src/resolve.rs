@@ -51,7 +51,14 @@ impl Env {
         }
     }
 
-    fn hub_dirs(&self) -> Vec<PathBuf> {
+    /// The hub cache new files are written to: the first of [`Env::hub_dirs`]'s folders.
+    pub fn hub_cache_dir(&self) -> Option<PathBuf> {
+        self.hub_dirs().into_iter().next()
+    }
+
+    /// The hub caches searched, in order: `$HF_HUB_CACHE`, `$HF_HOME/hub`,
+    /// `~/.cache/huggingface/hub`.
+    pub fn hub_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = Vec::new();
         if let Some(c) = &self.hf_hub_cache {
             dirs.push(c.clone());

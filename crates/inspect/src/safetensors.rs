@@ -15,6 +15,22 @@ use crate::InspectError;
 /// Headers larger than this are refused (the safetensors format's own limit).
 pub const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// Suffix of a shard's header kept without its tensors (`model.safetensors.headroom-header`: the
+/// first `8 + n` bytes of the shard, as `headroom-hub` reads them from the Hub). Named so that no
+/// `*.safetensors` glob, vLLM or huggingface_hub takes it for the shard; only the header is read
+/// from it, as from a whole shard.
+pub const HEADER_ONLY_SUFFIX: &str = ".headroom-header";
+
+/// The shard `name` in `dir`, or the header kept of it.
+fn shard_or_header(dir: &Path, name: &str) -> Option<PathBuf> {
+    let whole = dir.join(name);
+    if whole.is_file() {
+        return Some(whole);
+    }
+    let header = dir.join(format!("{name}{HEADER_ONLY_SUFFIX}"));
+    header.is_file().then_some(header)
+}
+
 /// What one file's header says.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct HeaderSummary {
@@ -169,13 +185,15 @@ pub fn read_index(path: &Path) -> Result<ShardIndex, InspectError> {
 /// index's `total_size`. `None` when the directory holds no safetensors.
 pub fn weights_in_dir(dir: &Path) -> Result<Option<(HeaderSummary, bool)>, InspectError> {
     let index = dir.join("model.safetensors.index.json");
-    let mut files: Vec<PathBuf> = Vec::new();
+    let files: Vec<PathBuf>;
     let mut index_total = None;
     if index.is_file() {
         let idx = read_index(&index)?;
         index_total = idx.total_size;
-        files = idx.shards.iter().map(|s| dir.join(s)).collect();
-        if files.iter().any(|f| !f.exists()) {
+        let found: Vec<Option<PathBuf>> =
+            idx.shards.iter().map(|s| shard_or_header(dir, s)).collect();
+        files = found.iter().flatten().cloned().collect();
+        if found.iter().any(Option::is_none) {
             return Ok(index_total.map(|t| {
                 (
                     HeaderSummary {
@@ -188,13 +206,22 @@ pub fn weights_in_dir(dir: &Path) -> Result<Option<(HeaderSummary, bool)>, Inspe
         }
     } else {
         let entries = std::fs::read_dir(dir).map_err(|e| InspectError::io(dir, e))?;
-        for entry in entries.flatten() {
-            let p = entry.path();
-            if p.extension().is_some_and(|e| e == "safetensors") {
-                files.push(p);
-            }
-        }
-        files.sort();
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(String::from))
+            .filter_map(|n| {
+                n.strip_suffix(HEADER_ONLY_SUFFIX)
+                    .map(String::from)
+                    .or(Some(n))
+                    .filter(|n| n.ends_with(".safetensors"))
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        files = names
+            .iter()
+            .filter_map(|n| shard_or_header(dir, n))
+            .collect();
     }
     if files.is_empty() {
         return Ok(None);
@@ -238,6 +265,42 @@ mod tests {
         assert!(read_header(&short[..], "x").is_err());
         assert!(read_header(&b"\xff\xff\xff\xff\xff\xff\xff\xff"[..], "x").is_err());
         assert!(read_header(&header_bytes("not json")[..], "x").is_err());
+    }
+
+    #[test]
+    fn header_only_files_stand_for_their_shards_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = r#"{"a":{"dtype":"BF16","shape":[1024,1024],"data_offsets":[0,2097152]}}"#;
+        let b = r#"{"b":{"dtype":"F32","shape":[256],"data_offsets":[0,1024]}}"#;
+        // One shard whole (its data a hole), one as the header the Hub reader keeps.
+        let whole = dir.path().join("m-1.safetensors");
+        std::fs::write(&whole, header_bytes(a)).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&whole)
+            .unwrap()
+            .set_len(8 + a.len() as u64 + 2_097_152)
+            .unwrap();
+        std::fs::write(
+            dir.path()
+                .join(format!("m-2.safetensors{HEADER_ONLY_SUFFIX}")),
+            header_bytes(b),
+        )
+        .unwrap();
+        let (sum, from_headers) = weights_in_dir(dir.path()).unwrap().unwrap();
+        assert!(from_headers);
+        assert_eq!(sum.tensor_bytes, 2_097_152 + 1024);
+        assert_eq!(sum.tensors, 2);
+        // With an index naming them, the same.
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            r#"{"weight_map":{"a":"m-1.safetensors","b":"m-2.safetensors"}}"#,
+        )
+        .unwrap();
+        let (sum, _) = weights_in_dir(dir.path()).unwrap().unwrap();
+        assert_eq!(sum.tensor_bytes, 2_097_152 + 1024);
+        // A header file is never taken for a shard by name.
+        assert!(!format!("m-2.safetensors{HEADER_ONLY_SUFFIX}").ends_with(".safetensors"));
     }
 
     /// Bytes this process has read through read(2) so far (Linux `/proc/self/io` `rchar`).

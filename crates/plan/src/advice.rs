@@ -330,17 +330,30 @@ impl Change {
         }
     }
 
-    /// Short name and cost rank: cheaper changes (no hardware, no quality cost) rank lower.
-    fn name_and_rank(self) -> (String, u8) {
+    /// Short name of the change.
+    fn name(self) -> String {
         match self {
-            Change::BlockSize(_) => ("block_size".into(), 0),
-            Change::Utilization(_) => ("utilization".into(), 1),
-            Change::KvFp8 => ("fp8_kv_cache".into(), 2),
-            Change::MaxNumSeqs(_) | Change::TargetConcurrency(_) => ("fewer_sequences".into(), 3),
-            Change::MaxModelLen(_) => ("shorter_context".into(), 4),
-            Change::Quantization(QuantScheme::Fp8) => ("fp8_weights".into(), 5),
-            Change::Quantization(q) => (format!("{}_weights", q.label().replace('-', "_")), 6),
-            Change::TensorParallel(t) => (format!("tensor_parallel_{t}"), 7),
+            Change::BlockSize(_) => "block_size".into(),
+            Change::Utilization(_) => "utilization".into(),
+            Change::KvFp8 => "fp8_kv_cache".into(),
+            Change::MaxNumSeqs(_) | Change::TargetConcurrency(_) => "fewer_sequences".into(),
+            Change::MaxModelLen(_) => "shorter_context".into(),
+            Change::Quantization(q) => format!("{}_weights", q.label().replace('-', "_")),
+            Change::TensorParallel(t) => format!("tensor_parallel_{t}"),
+        }
+    }
+
+    /// What the change costs besides memory and GPUs: 0 nothing (a utilization, vLLM's block
+    /// size, more GPUs, counted apart), 1 fewer sequences or a shorter context than the engine's
+    /// defaults, 2 an fp8 KV cache, 3 fp8 weights, 4 4-bit weights.
+    fn quality_cost(self) -> u8 {
+        match self {
+            Change::BlockSize(_) | Change::Utilization(_) | Change::TensorParallel(_) => 0,
+            Change::MaxNumSeqs(_) | Change::TargetConcurrency(_) | Change::MaxModelLen(_) => 1,
+            Change::KvFp8 => 2,
+            Change::Quantization(QuantScheme::None) => 0,
+            Change::Quantization(QuantScheme::Fp8 | QuantScheme::Bnb8) => 3,
+            Change::Quantization(_) => 4,
         }
     }
 
@@ -350,7 +363,10 @@ impl Change {
             Change::Utilization(u) => format!("set the utilization to {u:.2}"),
             Change::KvFp8 => "store the KV cache in fp8 (half the bytes per token)".into(),
             Change::MaxNumSeqs(n) => format!("run at most {n} sequences at once"),
-            Change::TargetConcurrency(n) => format!("serve {n} full-length sequences at once"),
+            Change::TargetConcurrency(n) => format!(
+                "serve {n} full-length sequence{} at once",
+                if n == 1 { "" } else { "s" }
+            ),
             Change::MaxModelLen(l) => format!("cap the context at {} tokens", thousands(l)),
             Change::Quantization(q) if q == spec.quantization.scheme => {
                 format!("keep the checkpoint's {} quantization", q.label())
@@ -369,13 +385,18 @@ impl Change {
     }
 }
 
-/// The re-plan of `req` with `changes` applied, when it fits.
-fn fitting_replan(spec: &ModelSpec, req: &PlanRequest, changes: &[Change]) -> Option<Plan> {
+/// The re-plan of `req` with `changes` applied (fitting or not).
+fn replan(spec: &ModelSpec, req: &PlanRequest, changes: &[Change]) -> Option<Plan> {
     let mut v = req.clone();
     for c in changes {
         c.apply(&mut v);
     }
-    plan_unadvised(spec, &v).ok().filter(|p| p.fits)
+    plan_unadvised(spec, &v).ok()
+}
+
+/// The re-plan of `req` with `changes` applied, when it fits.
+fn fitting_replan(spec: &ModelSpec, req: &PlanRequest, changes: &[Change]) -> Option<Plan> {
+    replan(spec, req, changes).filter(|p| p.fits)
 }
 
 /// Changes every option must carry because vLLM refuses the request as given: an invalid block
@@ -388,7 +409,9 @@ fn repairs(spec: &ModelSpec, req: &PlanRequest) -> Vec<Change> {
     }
     let heads = spec.num_attention_heads.max(1);
     let tp = req.tensor_parallel_size.max(1);
-    if !heads.is_multiple_of(tp) {
+    if tp > 1 && prequantized_bnb(spec) {
+        out.push(Change::TensorParallel(1));
+    } else if !heads.is_multiple_of(tp) {
         let smaller = (1..tp)
             .rev()
             .find(|t| heads.is_multiple_of(*t))
@@ -399,36 +422,19 @@ fn repairs(spec: &ModelSpec, req: &PlanRequest) -> Vec<Change> {
         && q != spec.quantization.scheme
         && q != QuantScheme::None
         && (spec.quantization.scheme != QuantScheme::None
-            || !matches!(q, QuantScheme::Fp8 | QuantScheme::Bnb4 | QuantScheme::Bnb8))
+            || !matches!(q, QuantScheme::Fp8 | QuantScheme::Bnb4))
     {
         out.push(Change::Quantization(spec.quantization.scheme));
     }
     out
 }
 
-/// The largest utilization (two decimals, at most [`MAX_PROPOSED_UTILIZATION`]) that fits.
-fn best_utilization(spec: &ModelSpec, req: &PlanRequest, base: &[Change]) -> Option<Change> {
-    let top = (MAX_PROPOSED_UTILIZATION * 100.0).round() as u64;
-    (1..=top).rev().map(|c| c as f64 / 100.0).find_map(|u| {
-        let mut changes = base.to_vec();
-        changes.push(Change::Utilization(u));
-        fitting_replan(spec, req, &changes).map(|_| Change::Utilization(u))
-    })
-}
-
-/// The largest safe utilization beside the co-tenants (from the plan with `base` applied, at
-/// most [`MAX_PROPOSED_UTILIZATION`]), when it differs from the one the plan uses.
-fn safe_utilization(spec: &ModelSpec, req: &PlanRequest, base: &[Change]) -> Option<Change> {
-    let mut v = req.clone();
-    for c in base {
-        c.apply(&mut v);
-    }
-    let p = plan_unadvised(spec, &v).ok()?;
-    let safe = p
-        .largest_safe_gpu_memory_utilization
-        .min(MAX_PROPOSED_UTILIZATION);
-    (safe > 0.0 && (safe - p.gpu_memory_utilization).abs() > 0.005)
-        .then_some(Change::Utilization(safe))
+/// A checkpoint saved in bitsandbytes, which vLLM does not split over tensor-parallel ranks.
+fn prequantized_bnb(spec: &ModelSpec) -> bool {
+    matches!(
+        spec.quantization.scheme,
+        QuantScheme::Bnb4 | QuantScheme::Bnb8
+    )
 }
 
 /// The largest value in `1..=upper` for which `make(value)` fits, assuming smaller values fit
@@ -502,166 +508,299 @@ fn best_sequences(
     }
 }
 
-/// Structural changes worth trying: fp8 KV, weights quantized at load time, more GPUs.
-fn structural_changes(spec: &ModelSpec, req: &PlanRequest) -> Vec<Change> {
-    let mut out = Vec::new();
+/// The structural changes worth combining: an fp8 KV cache, weights quantized at load time
+/// (a 16-bit checkpoint only), and more GPUs (tensor-parallel sizes that divide the heads).
+fn structural_choices(spec: &ModelSpec, req: &PlanRequest) -> [Vec<Option<Change>>; 3] {
+    let mut kv = vec![None];
     if req.kv_cache_dtype != KvCacheDtype::Fp8 {
-        out.push(Change::KvFp8);
+        kv.push(Some(Change::KvFp8));
     }
+    let mut weights = vec![None];
     let scheme = req.quantization.unwrap_or(spec.quantization.scheme);
     let sixteen_bit = matches!(
         req.dtype.unwrap_or(spec.dtype),
         Dtype::Bf16 | Dtype::F16 | Dtype::F32
     );
     if scheme == QuantScheme::None && spec.quantization.scheme == QuantScheme::None && sixteen_bit {
-        out.push(Change::Quantization(QuantScheme::Fp8));
-        out.push(Change::Quantization(QuantScheme::Bnb4));
+        weights.push(Some(Change::Quantization(QuantScheme::Fp8)));
+        weights.push(Some(Change::Quantization(QuantScheme::Bnb4)));
     }
     let heads = spec.num_attention_heads.max(1);
     let tp = req.tensor_parallel_size.max(1);
-    if let Some(t) = [2u64, 4, 8]
-        .into_iter()
-        .find(|t| *t > tp && heads.is_multiple_of(*t))
-    {
-        out.push(Change::TensorParallel(t));
+    let mut gpus = vec![None];
+    if prequantized_bnb(spec) {
+        return [kv, weights, gpus];
     }
-    out
+    gpus.extend(
+        [2u64, 4, 8]
+            .into_iter()
+            .filter(|t| *t > tp && heads.is_multiple_of(*t))
+            .map(|t| Some(Change::TensorParallel(t))),
+    );
+    [kv, weights, gpus]
 }
 
-fn to_option(spec: &ModelSpec, changes: &[Change], p: &Plan) -> FitOption {
-    let names: Vec<String> = changes.iter().map(|c| c.name_and_rank().0).collect();
+/// What the request asks to keep: the length (the one `--audio-minutes` need, else a
+/// `--max-model-len` given), the minutes, and the sequences (`--target-concurrency`, else a
+/// `--max-num-seqs` given).
+#[derive(Debug, Clone, Copy, Default)]
+struct Asked {
+    len: Option<u64>,
+    minutes: Option<f64>,
+    seqs: Option<u64>,
+}
+
+impl Asked {
+    fn of(req: &PlanRequest, current: &Plan) -> Asked {
+        let needed = current.audio.as_ref().and_then(|a| a.max_model_len_needed);
+        Asked {
+            len: needed.or(req.max_model_len),
+            minutes: req.audio_minutes,
+            seqs: req.concurrency_bound(),
+        }
+    }
+
+    /// What `p` gives up, in words, and the smallest share of an ask it keeps (1 when all).
+    fn given_up(&self, p: &Plan) -> (Vec<String>, f64) {
+        let mut words = Vec::new();
+        let mut kept: f64 = 1.0;
+        if let Some(len) = self.len
+            && p.max_model_len < len
+        {
+            kept = kept.min(p.max_model_len as f64 / len as f64);
+            match (self.minutes, &p.audio) {
+                (Some(m), Some(a)) => words.push(format!(
+                    "holds {:.1} min of audio per sequence, not {}",
+                    a.minutes_per_sequence,
+                    crate::vllm::trim_float(m)
+                )),
+                _ => words.push(format!(
+                    "a context of {} tokens, not the {} asked",
+                    thousands(p.max_model_len),
+                    thousands(len)
+                )),
+            }
+        }
+        if let Some(n) = self.seqs {
+            let whole = (p.max_concurrency.floor() as u64).min(p.max_num_seqs);
+            if whole < n {
+                kept = kept.min(whole as f64 / n as f64);
+                words.push(format!(
+                    "{whole} sequence{} of {} tokens at once, not {n}",
+                    if whole == 1 { "" } else { "s" },
+                    thousands(p.max_model_len)
+                ));
+            }
+        }
+        (words, kept)
+    }
+
+    /// Sequences a plan must hold for the asks (at least one).
+    fn sequences(&self) -> u64 {
+        self.seqs.unwrap_or(1).max(1)
+    }
+}
+
+/// One option found, with what orders it: whether it keeps the asks, the GPUs it needs, its
+/// quality cost, and the memory it needs for what was asked (weights, workspaces, graphs,
+/// context and the KV of the asked sequences, over all its GPUs).
+struct Candidate {
+    option: FitOption,
+    cost: u8,
+    essential_bytes: u64,
+    kept: f64,
+    changes: usize,
+}
+
+fn candidate(spec: &ModelSpec, asked: &Asked, changes: &[Change], p: &Plan) -> Candidate {
+    let names: Vec<String> = changes.iter().map(|c| c.name()).collect();
     let descriptions: Vec<String> = changes.iter().map(|c| c.describe(spec)).collect();
-    FitOption {
-        option: names.join("+"),
-        description: descriptions.join(", "),
-        vllm_args: changes.iter().flat_map(|c| c.vllm_flag()).collect(),
-        headroom_args: changes.iter().flat_map(|c| c.headroom_flag()).collect(),
-        memory_needed_bytes: p.device_peak_bytes + p.safety_margin_bytes,
-        fits: true,
-        gpu_memory_utilization: p.gpu_memory_utilization,
-        max_model_len: p.max_model_len,
-        concurrency: p.max_concurrency.floor() as u64,
+    let (gives_up, kept) = asked.given_up(p);
+    let mut description = descriptions.join(", ");
+    if !gives_up.is_empty() {
+        description = format!("{description} (gives up: {})", gives_up.join("; "));
+    }
+    let gpus = p.tensor_parallel_size.max(1) * p.pipeline_parallel_size.max(1);
+    let kv = p.kv_bytes_per_token * p.max_model_len * asked.sequences();
+    let per_gpu = p.weights_bytes
+        + p.weights_upcast_bytes
+        + p.activation_peak_bytes
+        + p.non_torch_bytes
+        + p.cuda_graph_bytes
+        + p.cuda_context_bytes
+        + kv;
+    Candidate {
+        option: FitOption {
+            option: names.join("+"),
+            description,
+            vllm_args: changes.iter().flat_map(|c| c.vllm_flag()).collect(),
+            headroom_args: changes.iter().flat_map(|c| c.headroom_flag()).collect(),
+            memory_needed_bytes: p.device_peak_bytes + p.safety_margin_bytes,
+            fits: true,
+            keeps_asked: gives_up.is_empty(),
+            gives_up,
+            gpus,
+            gpu_memory_utilization: p.gpu_memory_utilization,
+            max_model_len: p.max_model_len,
+            concurrency: p.max_concurrency.floor() as u64,
+        },
+        cost: changes.iter().map(|c| c.quality_cost()).sum(),
+        essential_bytes: per_gpu * gpus,
+        kept,
+        changes: changes.len(),
     }
 }
 
-/// (cost rank, change count, changes, re-plan, family: which structural change it builds on).
-type Found = Vec<(u8, usize, Vec<Change>, Plan, usize)>;
-
-/// Records `changes` with its re-plan when that re-plan fits.
-fn found_alone(spec: &ModelSpec, req: &PlanRequest, changes: &[Change], found: &mut Found) {
-    if let Some(p) = fitting_replan(spec, req, changes) {
-        let rank = changes
-            .iter()
-            .map(|c| c.name_and_rank().1)
-            .max()
-            .unwrap_or(0);
-        found.push((rank, changes.len(), changes.to_vec(), p, 0));
-    }
-}
-
-/// True when `o` makes every change `e` makes, and more, without a longer context or more
-/// sequences to show for it.
-fn adds_nothing(o: &FitOption, e: &FitOption) -> bool {
-    let mine: Vec<&str> = o.option.split('+').collect();
-    e.option.split('+').all(|k| mine.contains(&k))
-        && o.max_model_len <= e.max_model_len
-        && o.concurrency <= e.concurrency
+/// True when `e` (ordered before `o`) makes `o` pointless: it keeps at least as much of what was
+/// asked on no more GPUs, at no higher quality cost and no more memory, and (on the same GPUs at
+/// the same cost) holds at least as long a context and as many sequences.
+fn dominates(e: &Candidate, o: &Candidate) -> bool {
+    let (eo, oo) = (&e.option, &o.option);
+    let same_kind = eo.gpus == oo.gpus && e.cost == o.cost;
+    e.kept >= o.kept
+        && eo.gpus <= oo.gpus
+        && e.cost <= o.cost
+        && e.essential_bytes <= o.essential_bytes
+        && (!same_kind
+            || (eo.max_model_len >= oo.max_model_len && eo.concurrency >= oo.concurrency))
 }
 
 /// Most options printed.
 pub const MAX_OPTIONS: usize = 8;
 
-/// Every change (alone, or a structural change with the utilization, the sequence count or the
-/// context adjusted on top) that makes `req` fit, planned again with the change applied and
-/// reported with that plan's figures; cheapest first. Options that do not fit are left out.
+/// Every change that makes `req` fit, planned again with the change applied and reported with
+/// that plan's figures. The structural changes (fp8 KV, weights quantized at load time, more
+/// GPUs) are tried alone and together; on each, the utilization (the one the plan would choose
+/// without `--gpu-memory-utilization`, and the largest safe one), the sequence count and the
+/// context are adjusted when it does not fit as is.
+///
+/// Order: options that keep everything asked (the minutes of audio, a `--max-model-len`, the
+/// sequences) first, each giving-up option saying what it gives up; then fewer GPUs, a lower
+/// quality cost, less memory for what was asked, less memory in all, fewer changes. An option
+/// another one makes pointless (as much kept, no more GPUs, cost or memory) is left out.
 pub fn verified_options(spec: &ModelSpec, req: &PlanRequest) -> Vec<FitOption> {
     let fixes = repairs(spec, req);
     let Ok(current) = plan_unadvised(spec, req) else {
         return Vec::new();
     };
-    let mut bases: Vec<Vec<Change>> = vec![fixes.clone()];
-    for s in structural_changes(spec, req) {
-        let mut b: Vec<Change> = fixes
+    let asked = Asked::of(req, &current);
+    let [kv, weights, gpus] = structural_choices(spec, req);
+    let mut found: Vec<Candidate> = Vec::new();
+    let record = |changes: Vec<Change>, p: Plan, found: &mut Vec<Candidate>| {
+        let c = candidate(spec, &asked, &changes, &p);
+        if !found
             .iter()
-            .copied()
-            .filter(|f| {
-                !matches!(
-                    (f, s),
-                    (Change::TensorParallel(_), Change::TensorParallel(_))
-                )
-            })
-            .collect();
-        b.push(s);
-        bases.push(b);
-    }
-    let mut found: Found = Vec::new();
-    for (family, base) in bases.iter().enumerate() {
-        let before = found.len();
-        let mut candidates: Vec<Vec<Change>> = Vec::new();
-        if !base.is_empty() {
-            candidates.push(base.clone());
-            // A change that fits alone needs nothing tuned on top.
-            if fitting_replan(spec, req, base).is_some() {
-                found_alone(spec, req, base, &mut found);
-                continue;
+            .any(|f| f.option.headroom_args == c.option.headroom_args)
+        {
+            found.push(c);
+        }
+    };
+    for k in &kv {
+        for w in &weights {
+            for g in &gpus {
+                let mut base: Vec<Change> = fixes
+                    .iter()
+                    .copied()
+                    .filter(|f| !(g.is_some() && matches!(f, Change::TensorParallel(_))))
+                    .collect();
+                base.extend([*k, *w, *g].into_iter().flatten());
+                for changes in tunings(spec, req, &base, &current) {
+                    if let Some(p) = fitting_replan(spec, req, &changes) {
+                        record(changes, p, &mut found);
+                    }
+                }
             }
-        }
-        let tuned = [
-            best_utilization(spec, req, base),
-            best_sequences(spec, req, base, &current),
-            best_context(spec, req, base, &current),
-        ];
-        for t in tuned.into_iter().flatten() {
-            if !matches!(t, Change::Utilization(u) if req.gpu_memory_utilization == Some(u)) {
-                let mut c = base.clone();
-                c.push(t);
-                candidates.push(c);
-            }
-        }
-        // A given utilization that is too high for the co-tenants: lower it to the largest safe
-        // one, then fit the context or the sequence count into what that leaves.
-        if let Some(safe) = safe_utilization(spec, req, base) {
-            let mut with_util = base.clone();
-            with_util.push(safe);
-            for t in [
-                best_sequences(spec, req, &with_util, &current),
-                best_context(spec, req, &with_util, &current),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let mut c = with_util.clone();
-                c.push(t);
-                candidates.push(c);
-            }
-        }
-        for changes in candidates {
-            found_alone(spec, req, &changes, &mut found);
-        }
-        for f in &mut found[before..] {
-            f.4 = family;
         }
     }
-    // The cheapest (by the dearest change an option makes), then the fewest changes; the first
-    // of equal ones wins.
-    found.sort_by_key(|(rank, n, ..)| (*rank, *n));
-    // Every tuning of the request as it is, then the best one of each structural change, so
-    // that fp8 KV, quantized weights and more GPUs each get a line.
-    let mut out: Vec<FitOption> = Vec::new();
-    let mut families_seen = Vec::new();
-    for (_, _, changes, p, family) in found {
-        if family > 0 && families_seen.contains(&family) {
+    found.sort_by(|a, b| {
+        let key = |c: &Candidate| {
+            (
+                !c.option.keeps_asked,
+                c.option.gpus,
+                c.cost,
+                c.essential_bytes,
+                c.option.memory_needed_bytes,
+                c.changes,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut kept: Vec<Candidate> = Vec::new();
+    for c in found {
+        if !kept.iter().any(|e| dominates(e, &c)) {
+            kept.push(c);
+        }
+    }
+    kept.truncate(MAX_OPTIONS);
+    kept.into_iter().map(|c| c.option).collect()
+}
+
+/// The change sets worth re-planning on one structural `base`: the base alone when it changes
+/// anything; with a `--gpu-memory-utilization` given, the base with the utilization the plan
+/// would choose without it and with the largest safe one; and on each of those that does not
+/// fit, the most sequences and the longest context that do.
+fn tunings(
+    spec: &ModelSpec,
+    req: &PlanRequest,
+    base: &[Change],
+    current: &Plan,
+) -> Vec<Vec<Change>> {
+    let mut starts: Vec<Vec<Change>> = vec![base.to_vec()];
+    if req.gpu_memory_utilization.is_some() {
+        for u in utilization_choices(spec, req, base) {
+            let mut c = base.to_vec();
+            c.push(u);
+            starts.push(c);
+        }
+    }
+    let mut out = Vec::new();
+    for start in starts {
+        if fitting_replan(spec, req, &start).is_some() {
+            if !start.is_empty() {
+                out.push(start);
+            }
             continue;
         }
-        let o = to_option(spec, &changes, &p);
-        if out.iter().any(|e| adds_nothing(&o, e)) {
-            continue;
+        for t in [
+            best_sequences(spec, req, &start, current),
+            best_context(spec, req, &start, current),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let mut c = start.clone();
+            c.push(t);
+            out.push(c);
         }
-        families_seen.push(family);
-        out.push(o);
     }
-    out.truncate(MAX_OPTIONS);
     out
+}
+
+/// Utilizations to put in place of a given one: the one the plan picks without it (right-sized
+/// to the sequences asked, or vLLM's default, or the largest safe beside co-tenants) and the
+/// largest safe one, when they differ from the one given.
+fn utilization_choices(spec: &ModelSpec, req: &PlanRequest, base: &[Change]) -> Vec<Change> {
+    let mut v = req.clone();
+    for c in base {
+        c.apply(&mut v);
+    }
+    v.gpu_memory_utilization = None;
+    let Ok(natural) = plan_unadvised(spec, &v) else {
+        return Vec::new();
+    };
+    let safe = natural
+        .largest_safe_gpu_memory_utilization
+        .min(MAX_PROPOSED_UTILIZATION);
+    let mut out: Vec<f64> = Vec::new();
+    for u in [natural.gpu_memory_utilization, safe] {
+        let differs = req
+            .gpu_memory_utilization
+            .is_none_or(|g| (g - u).abs() > 0.005);
+        if u > 0.0 && differs && !out.iter().any(|o| (o - u).abs() < 0.005) {
+            out.push(u);
+        }
+    }
+    out.into_iter().map(Change::Utilization).collect()
 }
 
 #[cfg(test)]
@@ -741,6 +880,126 @@ mod tests {
             fragmentation_verdict(4.0, 0.0, 9.0),
             FragmentationVerdict::NotFragmentation
         );
+    }
+
+    use crate::units::GIB as GIB_BYTES;
+    use crate::vllm::plan;
+
+    use crate::fixtures::vibevoice_asr;
+
+    #[test]
+    fn options_that_keep_the_minutes_come_first_and_the_others_say_what_they_give_up() {
+        let mut req = PlanRequest::new(12 * GIB_BYTES);
+        req.audio_minutes = Some(60.0);
+        let p = plan(&vibevoice_asr(), &req).unwrap();
+        assert!(!p.fits);
+        let needed = p.audio.as_ref().unwrap().max_model_len_needed.unwrap();
+        let o = &p.options;
+        assert!(o.len() >= 3, "{o:#?}");
+        let first_cut = o.iter().position(|x| !x.keeps_asked).unwrap_or(o.len());
+        assert!(first_cut > 0, "{o:#?}");
+        for x in &o[..first_cut] {
+            assert!(x.max_model_len >= needed && x.gives_up.is_empty(), "{x:?}");
+        }
+        for x in &o[first_cut..] {
+            assert!(x.max_model_len < needed, "{x:?}");
+            assert!(
+                x.gives_up[0].contains("min of audio per sequence, not 60"),
+                "{x:?}"
+            );
+            assert!(x.description.contains("not 60"), "{x:?}");
+        }
+        // Fewest GPUs first among those that keep the minutes.
+        let gpus: Vec<u64> = o[..first_cut].iter().map(|x| x.gpus).collect();
+        assert!(gpus.windows(2).all(|w| w[0] <= w[1]), "{gpus:?}");
+        // Each one, applied, fits and keeps the minutes.
+        for x in &o[..first_cut] {
+            let mut again = req.clone();
+            let mut words = x.headroom_args.chunks(2);
+            while let Some([flag, value]) = words.next() {
+                match flag.as_str() {
+                    "--quantization" => again.quantization = QuantScheme::parse(value),
+                    "--tensor-parallel-size" => again.tensor_parallel_size = value.parse().unwrap(),
+                    "--kv-cache-dtype" => again.kv_cache_dtype = KvCacheDtype::Fp8,
+                    other => panic!("unexpected {other}"),
+                }
+            }
+            let q = plan(&vibevoice_asr(), &again).unwrap();
+            assert!(q.fits && q.gives_up.is_empty(), "{:?}", x.headroom_args);
+        }
+    }
+
+    #[test]
+    fn a_plan_shorter_than_the_minutes_asked_says_so() {
+        let mut req = PlanRequest::new(80 * GIB_BYTES);
+        req.audio_minutes = Some(60.0);
+        req.max_model_len = Some(18_400);
+        let p = plan(&vibevoice_asr(), &req).unwrap();
+        assert!(p.fits);
+        assert_eq!(p.gives_up.len(), 1);
+        assert!(p.gives_up[0].starts_with("holds 26.1 min of audio per sequence, not 60"));
+        req.max_model_len = Some(50_000);
+        assert!(plan(&vibevoice_asr(), &req).unwrap().gives_up.is_empty());
+    }
+
+    #[test]
+    fn a_given_utilization_too_low_is_fixed_with_the_least_memory_first() {
+        let mut spec = ModelSpec::dense("qwen-awq", 3584, 18_944, 28, 28, 4, 152_064);
+        spec.quantization = crate::spec::Quantization {
+            scheme: QuantScheme::Awq,
+            ..crate::spec::Quantization::NONE
+        };
+        let mut req = PlanRequest::new(24 * GIB_BYTES);
+        req.max_model_len = Some(16_384);
+        req.max_num_seqs = Some(4);
+        req.reservations.push(crate::vllm::Reservation {
+            name: "whisper".into(),
+            bytes: 5 * GIB_BYTES,
+            why: "test".into(),
+        });
+        let right_sized = plan(&spec, &req).unwrap();
+        assert_eq!(right_sized.utilization_source, "right_sized");
+        req.gpu_memory_utilization = Some(0.2);
+        let p = plan(&spec, &req).unwrap();
+        assert!(!p.fits);
+        let first = &p.options[0];
+        assert_eq!(first.option, "utilization");
+        assert!(
+            (first.gpu_memory_utilization - right_sized.gpu_memory_utilization).abs() < 0.011,
+            "{first:?}"
+        );
+        // The largest safe utilization is offered too, after it.
+        assert!(p.options.iter().skip(1).any(|o| o.option == "utilization"
+            && (o.gpu_memory_utilization - p.largest_safe_gpu_memory_utilization).abs() < 0.011));
+    }
+
+    #[test]
+    fn vllm_refuses_bnb_8bit_online_and_prequantized_bnb_over_tensor_parallel_ranks() {
+        let spec = ModelSpec::dense("llama", 4096, 14_336, 32, 32, 8, 128_256);
+        let mut req = PlanRequest::new(80 * GIB_BYTES);
+        req.max_model_len = Some(8192);
+        req.quantization = Some(QuantScheme::Bnb8);
+        let p = plan(&spec, &req).unwrap();
+        assert!(!p.fits);
+        assert!(p.refused[0].contains("4-bit"), "{:?}", p.refused);
+        let mut prequant = spec.clone();
+        prequant.quantization = crate::spec::Quantization {
+            scheme: QuantScheme::Bnb4,
+            double_quant: true,
+            ..crate::spec::Quantization::NONE
+        };
+        let mut req = PlanRequest::new(80 * GIB_BYTES);
+        req.max_model_len = Some(8192);
+        req.tensor_parallel_size = 2;
+        let p = plan(&prequant, &req).unwrap();
+        assert!(
+            p.refused.iter().any(|r| r.contains("tensor-parallel")),
+            "{:?}",
+            p.refused
+        );
+        // Its options run it on one GPU.
+        assert!(!p.options.is_empty());
+        assert!(p.options.iter().all(|o| o.gpus == 1), "{:?}", p.options);
     }
 
     #[test]

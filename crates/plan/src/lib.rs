@@ -13,6 +13,8 @@ pub mod vllm;
 pub mod weights;
 
 #[cfg(test)]
+mod fixtures;
+#[cfg(test)]
 mod properties;
 
 pub use kv::{KvCacheDtype, KvLayout, KvSettings};

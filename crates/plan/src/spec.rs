@@ -132,6 +132,11 @@ pub struct Quantization {
     pub unconverted_attention_layers: u64,
     #[serde(default)]
     pub unconverted_mlp_layers: u64,
+    /// True when vLLM quantizes an unquantized checkpoint while it loads it (`--quantization
+    /// fp8` or `bitsandbytes` on 16-bit weights): every layer built from vLLM's linear layers is
+    /// then quantized, towers included.
+    #[serde(default)]
+    pub online: bool,
 }
 
 impl Quantization {
@@ -142,6 +147,7 @@ impl Quantization {
         double_quant: false,
         unconverted_attention_layers: 0,
         unconverted_mlp_layers: 0,
+        online: false,
     };
 }
 
@@ -281,6 +287,12 @@ pub struct ModelSpec {
     /// towers), with the dtype they are held in.
     pub extra_params: u64,
     pub extra_dtype: Dtype,
+    /// The part of `extra_params` held in vLLM's own parallel linear layers (a vision tower's
+    /// attention and MLP projections, Whisper's encoder): split across tensor-parallel ranks and
+    /// quantized along with the decoder. The rest (convolutional audio tokenizers, patch
+    /// embeddings) is replicated on every rank and kept in `extra_dtype`.
+    #[serde(default)]
+    pub extra_linear_params: u64,
     pub exact_weights: Option<ExactWeights>,
     /// The checkpoint's modules with their dtypes, when known (empty otherwise).
     #[serde(default)]
@@ -335,6 +347,7 @@ impl ModelSpec {
             audio_tokenizer: None,
             extra_params: 0,
             extra_dtype: Dtype::Bf16,
+            extra_linear_params: 0,
             exact_weights: None,
             weight_components: Vec::new(),
         }

@@ -14,8 +14,11 @@ use crate::spec::{Dtype, ModelKind, ModelSpec, QuantScheme, Quantization};
 use crate::units::{GIB, floor_2dp, gib, thousands};
 use crate::weights::{estimated_weight_bytes, weight_bytes_per_rank};
 
-/// vLLM's default `--gpu-memory-utilization`.
-pub const DEFAULT_UTILIZATION: f64 = 0.9;
+/// vLLM's default `--gpu-memory-utilization` since v0.21.0 (vLLM PR #38284 raised it from 0.90
+/// when it began counting an estimate of the CUDA-graph pool inside that budget).
+pub const DEFAULT_UTILIZATION: f64 = 0.92;
+/// vLLM's default `--gpu-memory-utilization` before v0.21.0.
+pub const DEFAULT_UTILIZATION_BEFORE_0_21: f64 = 0.9;
 /// The highest utilization headroom proposes on a card that other tenants share.
 pub const MAX_PROPOSED_UTILIZATION: f64 = 0.95;
 /// vLLM's default block size on CUDA.
@@ -76,10 +79,16 @@ pub struct PlanRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum VllmVersion {
-    /// 0.9.1 and later: `requested = util × total` must be free at start; other processes are not
-    /// charged; `--kv-cache-memory` exists; chunked prefill profiles `max_num_batched_tokens`.
+    /// 0.21.0 and later: as [`VllmVersion::V1Before0_21`], and the CUDA-graph pool is profiled at
+    /// start-up and its estimate counted inside `util × total` (`VLLM_MEMORY_PROFILER_ESTIMATE_
+    /// CUDAGRAPHS`, on by default since vLLM PR #38284), with the default utilization raised
+    /// from 0.90 to 0.92 to make room for it.
     #[default]
     Current,
+    /// 0.9.1 to 0.20.x: `requested = util × total` must be free at start; other processes are not
+    /// charged; `--kv-cache-memory` exists; chunked prefill profiles `max_num_batched_tokens`;
+    /// CUDA graphs are captured after the KV cache, outside the budget; default utilization 0.90.
+    V1Before0_21,
     /// Early V1 (0.8 to 0.9.0): `non_torch = (total − free) − torch_allocated` after profiling,
     /// so all memory on the device outside this process's torch tensors (its own CUDA context and
     /// other processes' memory) is charged to the instance; no start-up free-memory check; no
@@ -96,7 +105,7 @@ pub enum VllmVersion {
 }
 
 impl VllmVersion {
-    /// `0.6.3`, `v0.8.5`, `0.10`, or `latest`.
+    /// `0.6.3`, `v0.8.5`, `0.10`, `0.21.0`, or `latest`.
     pub fn parse(s: &str) -> Option<VllmVersion> {
         let t = s.trim().trim_start_matches(['v', 'V']);
         if t.eq_ignore_ascii_case("latest") || t.eq_ignore_ascii_case("current") {
@@ -110,6 +119,7 @@ impl VllmVersion {
             (0, 6, 4) => VllmVersion::V0AllNonTorch,
             (0, m, _) if m < 8 => VllmVersion::V0,
             (0, 8, _) | (0, 9, 0) => VllmVersion::EarlyV1,
+            (0, m, _) if m < 21 => VllmVersion::V1Before0_21,
             _ => VllmVersion::Current,
         })
     }
@@ -117,10 +127,35 @@ impl VllmVersion {
     pub fn label(self) -> &'static str {
         match self {
             VllmVersion::Current => "current",
+            VllmVersion::V1Before0_21 => "v1_before_0_21",
             VllmVersion::EarlyV1 => "early_v1",
             VllmVersion::V0 => "v0",
             VllmVersion::V0AllNonTorch => "v0_6_4",
         }
+    }
+
+    /// The `--gpu-memory-utilization` this release uses when none is given.
+    pub fn default_utilization(self) -> f64 {
+        match self {
+            VllmVersion::Current => DEFAULT_UTILIZATION,
+            _ => DEFAULT_UTILIZATION_BEFORE_0_21,
+        }
+    }
+
+    /// Whether the release counts its CUDA-graph estimate inside `util × total` (0.21 and later)
+    /// rather than capturing the graphs on top of it.
+    pub fn graphs_in_budget(self) -> bool {
+        self == VllmVersion::Current
+    }
+
+    /// Whether the release has `--kv-cache-memory` (0.9.1 and later).
+    pub fn has_kv_cache_memory(self) -> bool {
+        matches!(self, VllmVersion::Current | VllmVersion::V1Before0_21)
+    }
+
+    /// Whether the release refuses to start unless `util × total` is free (0.9.1 and later).
+    pub fn checks_free_memory_at_start(self) -> bool {
+        self.has_kv_cache_memory()
     }
 
     /// V0 engines: no chunked prefill by default, so one profiling pass over a whole prompt.
@@ -134,7 +169,7 @@ impl VllmVersion {
     pub fn charged_outside_instance(self, co_tenants: u64, cuda_context: u64) -> u64 {
         match self {
             VllmVersion::EarlyV1 | VllmVersion::V0AllNonTorch => co_tenants + cuda_context,
-            VllmVersion::Current | VllmVersion::V0 => 0,
+            VllmVersion::Current | VllmVersion::V1Before0_21 | VllmVersion::V0 => 0,
         }
     }
 }
@@ -358,6 +393,17 @@ pub struct FitOption {
     pub memory_needed_bytes: u64,
     /// Always true: options that do not fit are not offered.
     pub fits: bool,
+    /// True when the re-plan keeps everything asked: the minutes of audio, the `--max-model-len`
+    /// and the sequences (`--max-num-seqs`, `--target-concurrency`) given.
+    #[serde(default)]
+    pub keeps_asked: bool,
+    /// What the option gives up of what was asked, in words ("holds 26.1 min of audio per
+    /// sequence, not 60"); empty when it keeps everything.
+    #[serde(default)]
+    pub gives_up: Vec<String>,
+    /// GPUs the option runs on (tensor-parallel ranks × pipeline stages).
+    #[serde(default)]
+    pub gpus: u64,
     pub gpu_memory_utilization: f64,
     pub max_model_len: u64,
     /// Full-length sequences the re-planned KV pool holds at once.
@@ -471,6 +517,11 @@ pub struct Plan {
     pub audio: Option<AudioContext>,
     pub target: Option<TargetPlan>,
     pub options: Vec<FitOption>,
+    /// What this plan holds short of what was asked, in words ("holds 26.1 min of audio per
+    /// sequence, not 60"): a length given beside `--audio-minutes` that is too short for them.
+    /// Empty when the plan is for everything asked.
+    #[serde(default)]
+    pub gives_up: Vec<String>,
     pub warnings: Vec<String>,
 }
 
@@ -518,12 +569,17 @@ fn resolve(spec: &ModelSpec, req: &PlanRequest, warnings: &mut Vec<String>) -> R
             scheme: q,
             group_size: spec.quantization.group_size,
             experts_only: spec.quantization.experts_only && q == QuantScheme::Mxfp4,
+            // vLLM quantizes 16-bit weights itself only to fp8 and bitsandbytes.
+            online: spec.quantization.scheme == QuantScheme::None
+                && matches!(q, QuantScheme::Fp8 | QuantScheme::Bnb4 | QuantScheme::Bnb8),
             ..Quantization::NONE
         };
         weights_exact = false;
     }
     let weights_total = match (weights_exact, spec.exact_weights) {
-        (true, Some(w)) => w.bytes,
+        // A pre-quantized bitsandbytes checkpoint's headers count its 8-bit nested absmax; vLLM
+        // holds them as fp32 once loaded.
+        (true, Some(w)) => w.bytes + crate::weights::bnb_nested_absmax_growth(&spec),
         _ => estimated_weight_bytes(&spec, spec.quantization),
     };
     let tp = req.tensor_parallel_size.max(1);
@@ -625,6 +681,25 @@ fn refusals(spec: &ModelSpec, req: &PlanRequest, r: &Resolved) -> Vec<String> {
     if let Some(reason) = req.quantization.and_then(|q| quantization_refusal(spec, q)) {
         out.push(reason);
     }
+    if r.tp > 1
+        && matches!(
+            spec.quantization.scheme,
+            QuantScheme::Bnb4 | QuantScheme::Bnb8
+        )
+    {
+        out.push(format!(
+            "the checkpoint is pre-quantized with bitsandbytes, which vLLM cannot split over {} tensor-parallel ranks (\"Prequant BitsAndBytes models with tensor parallelism is not supported\"; use --pipeline-parallel-size, or the unquantized checkpoint with --quantization bnb-4bit)",
+            r.tp
+        ));
+    }
+    if let Some(k) = req.kv_cache_memory
+        && !req.vllm_version.has_kv_cache_memory()
+    {
+        out.push(format!(
+            "--kv-cache-memory {k} does not exist before vLLM 0.9.1 (--vllm-version {})",
+            req.vllm_version.label()
+        ));
+    }
     out
 }
 
@@ -644,7 +719,10 @@ fn quantization_refusal(spec: &ModelSpec, q: QuantScheme) -> Option<String> {
         ));
     }
     match q {
-        QuantScheme::Fp8 | QuantScheme::Bnb4 | QuantScheme::Bnb8 => None,
+        QuantScheme::Fp8 | QuantScheme::Bnb4 => None,
+        QuantScheme::Bnb8 => Some(
+            "--quantization bnb-8bit needs a checkpoint saved in bitsandbytes 8-bit; on 16-bit weights vLLM's bitsandbytes loader quantizes to 4-bit NF4 only (use --quantization bnb-4bit)".to_string(),
+        ),
         _ => Some(format!(
             "--quantization {name} needs a checkpoint quantized with {}; this one is unquantized (use a {} checkpoint of the model, or fp8 / bitsandbytes, which vLLM applies at load time)",
             q.label(),
@@ -656,7 +734,8 @@ fn quantization_refusal(spec: &ModelSpec, q: QuantScheme) -> Option<String> {
 /// Weights one GPU holds: the tensor-parallel share, then the largest pipeline stage's layers plus
 /// the larger of the embedding (first stage) and the output projection (last stage).
 fn rank_weights(r: &Resolved) -> u64 {
-    let per_rank = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp);
+    let replicated = crate::weights::replicated_extra_bytes(&r.spec, r.weights_exact);
+    let per_rank = weight_bytes_per_rank(&r.spec, r.weights_total, r.tp, replicated);
     if r.pp <= 1 {
         return per_rank;
     }
@@ -727,9 +806,17 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
     let co_tenants = req.co_tenant_bytes();
     let margin = req.safety_margin_bytes;
     let non_kv = weights + upcast + activation + non_torch;
+    // Since 0.21 vLLM counts its CUDA-graph estimate inside util × total; before, the graphs were
+    // captured on top of it.
+    let graphs_inside = if req.vllm_version.graphs_in_budget() {
+        graphs
+    } else {
+        0
+    };
+    let graphs_outside = graphs - graphs_inside;
 
     // Largest utilization whose whole footprint leaves every co-tenant and the margin free.
-    let room = total.saturating_sub(co_tenants + margin + graphs + context);
+    let room = total.saturating_sub(co_tenants + margin + graphs_outside + context);
     let largest_safe = floor_2dp(room as f64 / total as f64).clamp(0.0, 1.0);
     let shared = co_tenants > 0;
     let right_sized = req.right_sized();
@@ -746,11 +833,11 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
     if right_sized {
         let n = req.concurrency_bound().unwrap_or(1);
         let k = right_sized_kv_bytes(&r.layout, n, r.max_model_len, r.mbt, req.kv_slack);
-        if req.vllm_version == VllmVersion::Current {
+        if req.vllm_version.has_kv_cache_memory() {
             req.kv_cache_memory = Some(k);
             // vLLM still refuses to start unless util × total is free: ask for just what it uses.
             req.gpu_memory_utilization =
-                Some(ceil_2dp((non_kv + k) as f64 / total as f64).min(1.0));
+                Some(ceil_2dp((non_kv + graphs_inside + k) as f64 / total as f64).min(1.0));
         } else {
             // No --kv-cache-memory before 0.9.1: the utilization whose budget leaves that pool
             // (early V1 and 0.6.4 also charge the context and the co-tenants to this instance).
@@ -765,7 +852,9 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
         Some(u) if right_sized => (u, "right_sized"),
         Some(u) => (u, "given"),
         None if shared => (largest_safe.min(MAX_PROPOSED_UTILIZATION), "largest_safe"),
-        None if largest_safe >= DEFAULT_UTILIZATION => (DEFAULT_UTILIZATION, "default"),
+        None if largest_safe >= req.vllm_version.default_utilization() => {
+            (req.vllm_version.default_utilization(), "default")
+        }
         None => (largest_safe, "largest_safe"),
     };
     let requested = (total as f64 * utilization).floor() as u64;
@@ -776,7 +865,7 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
         .charged_outside_instance(co_tenants, context);
     let kv_cache = match req.kv_cache_memory {
         Some(k) => k,
-        None => requested.saturating_sub(non_kv + charged_others),
+        None => requested.saturating_sub(non_kv + graphs_inside + charged_others),
     };
     let num_blocks = r.layout.num_blocks(kv_cache);
     let kv_tokens = r.layout.tokens(num_blocks);
@@ -785,10 +874,9 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
     let pool_bytes = num_blocks * r.layout.bytes_per_block();
 
     let instance = match req.kv_cache_memory {
-        Some(k) => non_kv + k,
-        None => requested.max(non_kv),
-    } + graphs
-        + context;
+        Some(k) => non_kv + k + graphs,
+        None => requested.max(non_kv + graphs_inside) + graphs_outside,
+    } + context;
     let device_peak = instance + co_tenants;
     let headroom = total.saturating_sub(instance + req.other_used_bytes + margin);
 
@@ -798,17 +886,18 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
             weights_bytes: weights + upcast,
             free_bytes: free_at_start,
         })
-    } else if req.vllm_version == VllmVersion::Current && free_at_start < requested {
+    } else if req.vllm_version.checks_free_memory_at_start() && free_at_start < requested {
         Some(Failure::StartupFreeBelowUtilization {
             free_bytes: free_at_start,
             total_bytes: total,
             utilization,
             requested_bytes: requested,
         })
-    } else if req.kv_cache_memory.is_none() && requested <= non_kv + charged_others {
+    } else if req.kv_cache_memory.is_none() && requested <= non_kv + graphs_inside + charged_others
+    {
         Some(Failure::NoKvCacheMemory {
             requested_bytes: requested,
-            non_kv_bytes: non_kv,
+            non_kv_bytes: non_kv + graphs_inside,
         })
     } else if needed_one > pool_bytes {
         let est = r.layout.max_seq_len_for(pool_bytes, r.max_model_len, r.mbt);
@@ -829,10 +918,17 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
     };
 
     if graphs > 0 {
-        warnings.push(format!(
-            "CUDA graphs take about {:.2} GiB outside --gpu-memory-utilization in most vLLM versions (estimated; --enforce-eager removes them at a speed cost)",
-            gib(graphs)
-        ));
+        warnings.push(if graphs_inside > 0 {
+            format!(
+                "CUDA graphs take about {:.2} GiB, which vLLM 0.21 and later estimate at start-up and count inside --gpu-memory-utilization; its estimate can fall short, so keep the utilization below 0.95 (--enforce-eager removes them at a speed cost)",
+                gib(graphs)
+            )
+        } else {
+            format!(
+                "CUDA graphs take about {:.2} GiB outside --gpu-memory-utilization in vLLM before 0.21 (estimated; --enforce-eager removes them at a speed cost)",
+                gib(graphs)
+            )
+        });
     }
     if shared {
         warnings.push("start every co-tenant and let it reach its steady-state memory before vLLM starts: vLLM checks free memory once at start-up and assumes it never shrinks".to_string());
@@ -950,6 +1046,7 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
         _ => 0,
     };
 
+    let gives_up = short_of_asked_minutes(audio.as_ref(), r.max_model_len);
     Ok(Plan {
         model: spec.name.clone(),
         model_source: spec.source.clone(),
@@ -1013,8 +1110,33 @@ pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanE
         audio,
         target,
         options: Vec::new(),
+        gives_up,
         warnings,
     })
+}
+
+/// A length too short for the `--audio-minutes` asked, in words.
+pub fn short_of_asked_minutes(audio: Option<&AudioContext>, max_model_len: u64) -> Vec<String> {
+    let Some(a) = audio else {
+        return Vec::new();
+    };
+    match (a.requested_minutes, a.max_model_len_needed) {
+        (Some(m), Some(needed)) if max_model_len < needed => vec![format!(
+            "holds {:.1} min of audio per sequence, not {} (--max-model-len {}; {} min need {})",
+            a.minutes_per_sequence,
+            trim_float(m),
+            thousands(max_model_len),
+            trim_float(m),
+            thousands(needed)
+        )],
+        _ => Vec::new(),
+    }
+}
+
+/// `60` for 60.0, `12.5` for 12.5.
+pub fn trim_float(x: f64) -> String {
+    let t = format!("{x:.2}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn validate(spec: &ModelSpec, req: &PlanRequest) -> Result<(), PlanError> {
@@ -1209,6 +1331,9 @@ fn components(
             bytes: graphs,
             why: if graphs == 0 {
                 "--enforce-eager".into()
+            } else if req.vllm_version.graphs_in_budget() {
+                "estimated at start-up and counted inside the utilization budget (vLLM 0.21+)"
+                    .into()
             } else {
                 "captured after the KV cache, outside the utilization budget (estimate)".into()
             },
@@ -1298,11 +1423,23 @@ mod tests {
         req.gpu_memory_utilization = Some(0.9);
         req.max_model_len = Some(8192);
         let p = plan(&llama_8b(), &req).unwrap();
-        let expected =
-            p.requested_bytes - p.weights_bytes - p.activation_peak_bytes - p.non_torch_bytes;
+        // Since 0.21 the CUDA-graph estimate is inside the budget too.
+        let expected = p.requested_bytes
+            - p.weights_bytes
+            - p.activation_peak_bytes
+            - p.non_torch_bytes
+            - p.cuda_graph_bytes;
         assert_eq!(p.kv_cache_bytes, expected);
         assert!(p.fits);
         assert_eq!(p.failure, None);
+        // Before, the graphs were captured on top of it.
+        req.vllm_version = VllmVersion::V1Before0_21;
+        let before = plan(&llama_8b(), &req).unwrap();
+        assert_eq!(before.kv_cache_bytes, p.kv_cache_bytes + p.cuda_graph_bytes);
+        assert_eq!(
+            before.device_peak_bytes,
+            p.device_peak_bytes + p.cuda_graph_bytes
+        );
     }
 
     #[test]
@@ -1398,10 +1535,7 @@ mod tests {
         assert_eq!(shared.utilization_source, "largest_safe");
         // Everything vLLM holds plus the reservation fits the card.
         assert!(shared.device_peak_bytes <= req.gpu_total_bytes);
-        assert!(
-            shared.requested_bytes + shared.cuda_graph_bytes + CUDA_CONTEXT_BYTES + 5 * GIB
-                <= 24 * GIB
-        );
+        assert!(shared.requested_bytes + CUDA_CONTEXT_BYTES + 5 * GIB <= 24 * GIB);
     }
 
     #[test]
@@ -1441,8 +1575,16 @@ mod tests {
         assert!(
             p.options
                 .iter()
-                .any(|o| o.option.starts_with("tensor_parallel_2"))
+                .any(|o| o.option.contains("tensor_parallel")
+                    && o.keeps_asked
+                    && o.concurrency >= 8)
         );
+        // Fewer sequences than the 8 asked is said in words, after what keeps them.
+        assert!(!fewer.keeps_asked);
+        assert!(fewer.description.contains("not 8"), "{}", fewer.description);
+        let first_cut = p.options.iter().position(|o| !o.keeps_asked).unwrap();
+        assert!(p.options[..first_cut].iter().all(|o| o.keeps_asked));
+        assert!(p.options[first_cut..].iter().all(|o| !o.keeps_asked));
         // The target reaches the printed line.
         assert!(p.vllm_args.windows(2).any(|w| w == ["--max-num-seqs", "8"]));
     }
@@ -1543,7 +1685,11 @@ mod tests {
         assert_eq!(f.utilization_source, "largest_safe");
         assert_eq!(
             f.kv_cache_bytes,
-            f.requested_bytes - f.weights_bytes - f.activation_peak_bytes - f.non_torch_bytes
+            f.requested_bytes
+                - f.weights_bytes
+                - f.activation_peak_bytes
+                - f.non_torch_bytes
+                - f.cuda_graph_bytes
         );
         assert!(f.kv_cache_bytes > 10 * p.kv_cache_bytes);
         assert!(f.headroom_bytes < p.headroom_bytes);
@@ -1564,23 +1710,7 @@ mod tests {
         assert_eq!(plan(&llama_8b(), &req).unwrap().sizing_mode, "given");
     }
 
-    fn vibevoice_asr() -> ModelSpec {
-        let mut spec =
-            ModelSpec::dense("microsoft/VibeVoice-ASR", 3584, 18_944, 28, 28, 4, 152_064);
-        spec.kind = ModelKind::SpeechToText;
-        spec.max_position_embeddings = 65_536;
-        spec.audio_tokenizer = Some(AudioTokenizer {
-            sample_rate_hz: 24_000,
-            samples_per_token: 3200,
-        });
-        spec.exact_weights = Some(ExactWeights {
-            bytes: 17_348_043_714,
-            origin: WeightsOrigin::Catalog,
-        });
-        spec.extra_params = 1_058_405_345;
-        spec.extra_dtype = Dtype::F32;
-        spec
-    }
+    use crate::fixtures::vibevoice_asr;
 
     #[test]
     fn a_speech_model_gets_audio_lane_limits_and_a_consistent_minutes_line() {
@@ -1648,20 +1778,33 @@ mod tests {
         assert_eq!(VllmVersion::parse("0.6.3"), Some(VllmVersion::V0));
         assert_eq!(VllmVersion::parse("v0.8.5"), Some(VllmVersion::EarlyV1));
         assert_eq!(VllmVersion::parse("0.9.0"), Some(VllmVersion::EarlyV1));
-        assert_eq!(VllmVersion::parse("0.9.1"), Some(VllmVersion::Current));
-        assert_eq!(VllmVersion::parse("0.11.0"), Some(VllmVersion::Current));
+        assert_eq!(VllmVersion::parse("0.9.1"), Some(VllmVersion::V1Before0_21));
+        assert_eq!(
+            VllmVersion::parse("0.11.0"),
+            Some(VllmVersion::V1Before0_21)
+        );
+        assert_eq!(
+            VllmVersion::parse("0.20.2"),
+            Some(VllmVersion::V1Before0_21)
+        );
+        assert_eq!(VllmVersion::parse("0.21.0"), Some(VllmVersion::Current));
+        assert_eq!(VllmVersion::parse("0.27.1"), Some(VllmVersion::Current));
         assert_eq!(VllmVersion::parse("x"), None);
 
         let mut req = PlanRequest::new(24 * GIB);
         req.gpu_memory_utilization = Some(0.9);
         req.max_model_len = Some(8192);
         req.other_used_bytes = 4 * GIB;
-        // Current: 20 GiB free < 0.9 × 24 GiB, the start-up check refuses.
+        // 0.9.1 and later: 20 GiB free < 0.9 × 24 GiB, the start-up check refuses.
+        for v in [VllmVersion::Current, VllmVersion::V1Before0_21] {
+            req.vllm_version = v;
+            assert!(matches!(
+                plan(&llama_8b(), &req).unwrap().failure,
+                Some(Failure::StartupFreeBelowUtilization { .. })
+            ));
+        }
+        // `now` is 0.9.1–0.20: graphs on top of the budget, as in early V1.
         let now = plan(&llama_8b(), &req).unwrap();
-        assert!(matches!(
-            now.failure,
-            Some(Failure::StartupFreeBelowUtilization { .. })
-        ));
         // Early V1: no such check, but its non-torch term is (total − free) − torch_allocated
         // after profiling, so the 4 GiB other processes hold and its own 512 MiB CUDA context
         // come out of the pool.
