@@ -67,15 +67,20 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     let log_path = log;
     let diagnosis = if log_path.as_os_str() == "-" {
-        headroom_doctor::diagnose(io::stdin().lock()).context("reading standard input")?
+        read_log(
+            headroom_doctor::diagnose(io::stdin().lock()),
+            "standard input",
+        )?
     } else {
         let file =
             File::open(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             anyhow::bail!("{} is a directory, not a log file", log_path.display());
         }
-        headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file))
-            .with_context(|| format!("reading {}", log_path.display()))?
+        read_log(
+            headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file)),
+            &log_path.display().to_string(),
+        )?
     };
     let (comparison, plan_note) = compare(&diagnosis, &args)?;
     let checks = fix_checks(&diagnosis, &args)?;
@@ -99,6 +104,21 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     super::pipe::emit(&text).context("writing the report")?;
     Ok(exit_code(&diagnosis))
+}
+
+/// The diagnosis, or one line saying why `source` could not be read (input that is not text is
+/// named as such: an executable or an archive given by mistake is not a log).
+fn read_log(
+    result: Result<Diagnosis, headroom_doctor::DoctorError>,
+    source: &str,
+) -> anyhow::Result<Diagnosis> {
+    match result {
+        Ok(d) => Ok(d),
+        Err(headroom_doctor::DoctorError::NotText(why)) => anyhow::bail!(
+            "{source} is not a text log: {why}; `headroom doctor` reads an engine's log (a file, or `-` for standard input)"
+        ),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading {source}"))),
+    }
 }
 
 /// With `--model`: each finding's vLLM flag change planned again (see [`super::replan`]).

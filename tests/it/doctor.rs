@@ -191,6 +191,44 @@ fn missing_file_and_directory_are_bad_input() {
 }
 
 #[test]
+fn a_file_that_is_not_text_is_refused_in_one_line() {
+    // The headroom binary itself, the mistake seen in the field (`doctor target/release/headroom`).
+    let exe = env!("CARGO_BIN_EXE_headroom");
+    for args in [vec!["doctor", exe], vec!["doctor", "--format", "json", exe]] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "nothing on stdout for bad input");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.starts_with("headroom: "), "{err}");
+        assert!(err.contains("is not a text log: binary data"), "{err}");
+    }
+    // UTF-16 (a Windows redirect) is named as such, also on standard input.
+    let utf16: Vec<u8> = "\u{feff}INFO starting\r\nERROR CUDA out of memory\r\n"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let mut child = bin()
+        .args(["doctor", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&utf16).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("standard input is not a text log: it is UTF-16"),
+        "{err}"
+    );
+}
+
+#[test]
 fn table_prints_breakdown_for_a_successful_start() {
     let out = bin()
         .arg("doctor")

@@ -174,6 +174,8 @@ pub struct Facts {
     pub utilization_config: Option<f64>,
     pub block_size: Option<u64>,
     pub max_worker_rank: u64,
+    /// The worker rank the current line's prefix names (`[rank1]:`, `(VllmWorker rank=1 …)`).
+    pub line_rank: Option<u64>,
     pub last_phase: Option<(Phase, u64)>,
     pub vllm_v0: bool,
     /// V1 engine-core markers seen (EngineCore, gpu_worker.py, gpu_model_runner).

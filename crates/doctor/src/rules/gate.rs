@@ -1,6 +1,7 @@
 //! One-pass keyword gate: a single Aho-Corasick automaton over every engine marker and every
-//! keyword a rule needs. Each line is searched once; lines with no rule keyword skip the rules,
-//! which keeps a 50 MB log of routine request lines close to the speed of a plain line count.
+//! keyword a rule needs, matched without regard to ASCII case. Each line is searched once; lines
+//! with no rule keyword skip the rules, which keeps a 50 MB log of routine request lines close to
+//! the speed of a plain line count.
 
 use std::sync::OnceLock;
 
@@ -11,8 +12,6 @@ use crate::finding::Engine;
 /// Engine markers: seeing one marks the engine as present in the log.
 const ENGINE_MARKERS: &[(&str, Engine)] = &[
     ("vllm", Engine::Vllm),
-    ("Vllm", Engine::Vllm),
-    ("vLLM", Engine::Vllm),
     ("EngineCore", Engine::Vllm),
     ("LLMEngine", Engine::Vllm),
     ("[core.py:", Engine::Vllm),
@@ -33,7 +32,6 @@ const ENGINE_MARKERS: &[(&str, Engine)] = &[
     ("ctranslate2", Engine::Ctranslate2),
     ("faster_whisper", Engine::Ctranslate2),
     ("whisper", Engine::Whisper),
-    ("Whisper", Engine::Whisper),
     ("torch", Engine::PyTorch),
 ];
 
@@ -214,9 +212,7 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("insufficient shared memory", NOT_MEMORY),
     ("out of shared memory", NOT_MEMORY),
     // error-looking lines kept for the "nothing recognised" report
-    ("Error", ERROR),
-    ("ERROR", ERROR),
-    ("error:", ERROR),
+    ("error", ERROR),
     ("failed", ERROR),
 ];
 
@@ -240,6 +236,7 @@ fn gate() -> &'static Gate {
         let built = AhoCorasick::builder()
             .kind(Some(AhoCorasickKind::DFA))
             .match_kind(MatchKind::LeftmostLongest)
+            .ascii_case_insensitive(true)
             .build(&patterns);
         match built.or_else(|_| AhoCorasick::new(&patterns)) {
             Ok(automaton) => Gate {
@@ -303,7 +300,8 @@ pub fn scan(line: &str) -> Hits {
         hits.groups = u16::MAX;
         return hits;
     }
-    if line.starts_with('|') {
+    // A table row (`nvidia-smi`), whatever prefix the line carries.
+    if line.trim_end().ends_with('|') {
         hits.groups |= GPU | EXTRA;
     }
     for m in g.automaton.find_iter(line) {

@@ -7,6 +7,7 @@ use super::size;
 use crate::facts::{Facts, GgmlAlloc, GgmlBuffer, record};
 use crate::finding::{Cause, Finding};
 use crate::parse::{int_after, number_after};
+use crate::text::{find, has, rfind, starts};
 
 /// Lines after the failure that may still name the buffer kind.
 const FOLLOW_WINDOW: u64 = 6;
@@ -15,7 +16,7 @@ const FOLLOW_WINDOW: u64 = 6;
 /// the KV buffer and its tokens (cells per stream × streams), as start-up figures. The last such
 /// line wins: `--fit` may size a trial context before the real one.
 fn kv_cache_size(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    if !line.contains("llama_kv_cache: size =") {
+    if !has(line, "llama_kv_cache: size =") {
         return false;
     }
     let Some(mib) = number_after(line, "size =") else {
@@ -46,7 +47,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     if kv_cache_size(facts, line_no, line) {
         return true;
     }
-    if (line.contains("cudaMalloc failed: out of memory") || line.contains("hipMalloc failed"))
+    if (has(line, "cudaMalloc failed: out of memory") || has(line, "hipMalloc failed"))
         && let Some(mib) = number_after(line, "allocating ")
     {
         let device = int_after(line, "on device ").unwrap_or(0);
@@ -63,8 +64,8 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         );
         return true;
     }
-    if line.contains("Device memory allocation of size")
-        && line.contains("failed")
+    if has(line, "Device memory allocation of size")
+        && has(line, "failed")
         && let Some(bytes) = number_after(line, "allocation of size ")
     {
         record(
@@ -86,7 +87,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         facts.ggml_ctx = Some(n);
         return true;
     }
-    if line.contains("pipeline parallelism enabled") {
+    if has(line, "pipeline parallelism enabled") {
         facts.ggml_pipeline_parallel = int_after(line, "n_copies=").or(Some(1));
         return true;
     }
@@ -95,12 +96,12 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         " KV buffer size",
         " compute buffer size",
     ] {
-        if let Some(at) = line.find(marker) {
+        if let Some(at) = find(line, marker) {
             let head = &line[..at];
-            if let Some(cuda) = head.rfind("CUDA").or_else(|| head.rfind("ROCm"))
+            if let Some(cuda) = rfind(head, "CUDA").or_else(|| rfind(head, "ROCm"))
                 && let Some(d) = int_after(
                     &head[cuda..],
-                    if head[cuda..].starts_with("CUDA") {
+                    if starts(&head[cuda..], "CUDA") {
                         "CUDA"
                     } else {
                         "ROCm"
@@ -118,20 +119,18 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             .last()
             .is_some_and(|l| line_no - l <= FOLLOW_WINDOW);
         if near && seen.value.kind.is_none() {
-            let kind = if line.contains("alloc_tensor_range")
-                || line.contains("unable to allocate CUDA")
-                || line.contains("unable to allocate backend buffer")
-                || line.contains("error loading model")
+            let kind = if has(line, "alloc_tensor_range")
+                || has(line, "unable to allocate CUDA")
+                || has(line, "unable to allocate backend buffer")
+                || has(line, "error loading model")
             {
                 Some(GgmlBuffer::Model)
-            } else if line.contains("compute buffer")
-                || line.contains("ggml_gallocr_reserve_n")
-                || line.contains("failed to allocate graph")
+            } else if has(line, "compute buffer")
+                || has(line, "ggml_gallocr_reserve_n")
+                || has(line, "failed to allocate graph")
             {
                 Some(GgmlBuffer::Compute)
-            } else if line.contains("kv_cache_init")
-                || line.contains("KV buffer")
-                || line.contains("KV cache")
+            } else if has(line, "kv_cache_init") || has(line, "KV buffer") || has(line, "KV cache")
             {
                 Some(GgmlBuffer::Kv)
             } else {

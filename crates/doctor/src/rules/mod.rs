@@ -19,11 +19,14 @@ mod vllm;
 
 use crate::facts::{Facts, MAX_UNRECOGNISED};
 use crate::finding::{Cause, Finding};
+use crate::text::has;
 
 /// Lines in which engine markers are looked for even when no rule keyword appears.
 const ENGINE_SNIFF_LINES: u64 = 10_000;
 
-/// Feeds one line to the rules its keywords wake.
+/// Feeds one (normalised) line to the rules its keywords wake. Rules read the whole line, prefix
+/// included (process tags name the worker, file tags the engine); rules anchored at the start of
+/// a message (table rows) read its body, after the per-line prefixes.
 pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     facts.lines_read = line_no;
     let hits = gate::scan(line);
@@ -38,6 +41,12 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     }
     if g == 0 {
         return;
+    }
+    let prefix = crate::normalise::prefix(line);
+    let body = &line[prefix.body..];
+    facts.line_rank = prefix.rank;
+    if let Some(r) = prefix.rank {
+        facts.max_worker_rank = facts.max_worker_rank.max(r);
     }
     let phase_here = context::scan(facts, line_no, line, g);
     let mut matched = false;
@@ -63,7 +72,7 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
         matched |= not_memory::scan(facts, line_no, line);
     }
     if g & gate::EXTRA != 0 {
-        matched |= extra_families(facts, line_no, line, phase_here);
+        matched |= extra_families(facts, line_no, line, body, phase_here);
     } else if g & gate::LLAMA != 0 {
         matched |= rocm::scan(facts, line_no, line, phase_here);
     }
@@ -83,22 +92,20 @@ fn extra_families(
     facts: &mut Facts,
     line_no: u64,
     line: &str,
+    body: &str,
     phase_here: Option<crate::facts::Phase>,
 ) -> bool {
     let mut matched = negative_kv::scan(facts, line);
     matched |= tgi_warmup::scan(facts, line_no, line);
     matched |= rocm::scan(facts, line_no, line, phase_here);
-    if line.starts_with('|') {
-        matched |= nvidia_smi::scan(facts, line_no, line);
+    if body.trim_start().starts_with('|') {
+        matched |= nvidia_smi::scan(facts, line_no, body);
     }
     matched
 }
 
 fn looks_like_error(line: &str) -> bool {
-    line.contains("Error")
-        || line.contains("ERROR")
-        || line.contains("error:")
-        || line.contains("failed")
+    has(line, "error") || has(line, "failed")
 }
 
 /// Turns the facts into ranked findings.

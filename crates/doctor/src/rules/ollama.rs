@@ -7,9 +7,10 @@ use super::gib;
 use crate::facts::{Facts, MAX_EVIDENCE, OllamaOffload, OllamaTooLittle, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{leading_size, logfmt_size, logfmt_value, size_list};
+use crate::text::{find, has};
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    if line.contains("gpu has too little memory to allocate any layers") {
+    if has(line, "gpu has too little memory to allocate any layers") {
         let v = OllamaTooLittle {
             name: logfmt_value(line, "name").map(str::to_owned),
             total: logfmt_size(line, "total"),
@@ -23,14 +24,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         mark(facts);
         return true;
     }
-    if line.contains("model requires more system memory (") {
-        let at = line
-            .find("model requires more system memory (")
-            .unwrap_or(0)
-            + 35;
+    if has(line, "model requires more system memory (") {
+        let at = find(line, "model requires more system memory (").unwrap_or(0) + 35;
         let required = leading_size(&line[at..]).map(|v| v.0);
-        let available = line[at..]
-            .find("than is available (")
+        let available = find(&line[at..], "than is available (")
             .and_then(|p| leading_size(&line[at + p + 19..]))
             .map(|v| v.0);
         if let (Some(r), Some(a)) = (required, available) {
@@ -39,12 +36,12 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             return true;
         }
     }
-    if line.contains("layers.offload=")
-        || line.contains("layers.model=")
-        || line.contains("memory.required.full=")
-        || line.contains("memory.available=")
-        || line.contains("memory.required.allocations=")
-        || line.contains("memory.graph.full=")
+    if has(line, "layers.offload=")
+        || has(line, "layers.model=")
+        || has(line, "memory.required.full=")
+        || has(line, "memory.available=")
+        || has(line, "memory.required.allocations=")
+        || has(line, "memory.graph.full=")
     {
         let o = facts
             .ollama_offload
@@ -81,7 +78,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         mark(facts);
         return true;
     }
-    if line.contains("memory.weights.total=") || line.contains("projector.weights=") {
+    if has(line, "memory.weights.total=") || has(line, "projector.weights=") {
         return true;
     }
     false

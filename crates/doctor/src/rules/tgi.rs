@@ -9,16 +9,17 @@ use super::{gib, size};
 use crate::facts::{Facts, TgiAllocExceed, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{int_after, leading_size};
+use crate::text::{find, has};
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    if line.contains("Not enough memory to handle")
+    if has(line, "Not enough memory to handle")
         && let Some(n) = int_after(line, "Not enough memory to handle ")
     {
         record(&mut facts.tgi_prefill, n, line_no);
         mark(facts);
         return true;
     }
-    if line.contains("would exceed allowed memory") {
+    if has(line, "would exceed allowed memory") {
         let v = TgiAllocExceed {
             allocated: labelled(line, "Currently allocated"),
             requested: labelled(line, "Requested"),
@@ -26,7 +27,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             free: labelled(line, "Free (according to CUDA)"),
         };
         record(&mut facts.tgi_alloc_exceed, v, line_no);
-        if line.contains("warmup") {
+        if has(line, "warmup") {
             mark(facts);
         }
         return true;
@@ -40,7 +41,7 @@ fn mark(facts: &mut Facts) {
 
 /// `Label     : 16.08 GiB` (the report comes as one line with literal `\n` separators).
 fn labelled(line: &str, label: &str) -> Option<f64> {
-    let at = line.find(label)? + label.len();
+    let at = find(line, label)? + label.len();
     let rest = line[at..].trim_start_matches([' ', ':']);
     leading_size(rest).map(|v| v.0)
 }

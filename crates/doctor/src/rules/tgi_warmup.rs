@@ -10,15 +10,14 @@ use super::{count, size};
 use crate::facts::{Facts, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{int_after, leading_number};
+use crate::text::{find, has, strip_prefix};
 
 /// Prefill tokens TGI uses when the launcher was given none (its documented default).
 const TGI_DEFAULT_PREFILL_TOKENS: u64 = 4096;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let mut hit = false;
-    if line.contains("Method Warmup encountered an error")
-        || line.contains("Unable to warmup model")
-    {
+    if has(line, "Method Warmup encountered an error") || has(line, "Unable to warmup model") {
         record(&mut facts.tgi_warmup, (), line_no);
         facts.saw_engine(Engine::Tgi);
         hit = true;
@@ -66,9 +65,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
 
 /// `key: 4096`, `key: Some(4096)` or `--flag 4096`.
 fn launcher_value(line: &str, key: &str) -> Option<u64> {
-    let at = line.find(key)? + key.len();
+    let at = find(line, key)? + key.len();
     let rest = line[at..].trim_start_matches(['`', ' ']);
-    let rest = rest.strip_prefix("Some(").unwrap_or(rest);
+    let rest = strip_prefix(rest, "Some(").unwrap_or(rest);
     leading_number(rest)
         .filter(|(v, _)| *v >= 1.0 && v.fract() == 0.0 && *v < 1e12)
         .map(|(v, _)| v as u64)

@@ -11,18 +11,19 @@ use super::{gib, size};
 use crate::facts::{Facts, Phase, TorchOom, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{leading_number, leading_size, size_after};
+use crate::text::{ends, find, has, rfind, strip_prefix};
 
 /// Memory a CUDA context and driver take in every process, not counted as "other processes".
 const CONTEXT_ALLOWANCE_GIB: f64 = 0.5;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
-    if !line.contains("Tried to allocate") {
+    if !has(line, "Tried to allocate") {
         return false;
     }
     // A crash loop repeats the same report: once enough evidence is kept, only count it.
     if let Some(seen) = facts.torch_oom.as_mut()
         && seen.lines.len() >= crate::facts::MAX_EVIDENCE
-        && (line.contains("total capac") || line.contains("total capacty"))
+        && (has(line, "total capac") || has(line, "total capacty"))
     {
         seen.again(line_no);
         return true;
@@ -34,9 +35,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         request,
         ..Default::default()
     };
-    if line.contains("total capacity of") || line.contains("total capacty of") {
+    if has(line, "total capacity of") || has(line, "total capacty of") {
         current_wording(&mut oom, line);
-    } else if line.contains("total capacity;") {
+    } else if has(line, "total capacity;") {
         old_wording(&mut oom, line);
     } else {
         return false;
@@ -49,9 +50,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
 }
 
 fn current_wording(oom: &mut TorchOom, line: &str) {
-    if let Some(at) = line.find(" has a total capac") {
+    if let Some(at) = find(line, " has a total capac") {
         let head = &line[..at];
-        if let Some(g) = head.rfind("GPU ") {
+        if let Some(g) = rfind(head, "GPU ") {
             oom.device = leading_number(&head[g + 4..]).map(|v| v.0 as u64);
         }
     }
@@ -60,12 +61,12 @@ fn current_wording(oom: &mut TorchOom, line: &str) {
     oom.free = size_after(line, "of which");
     oom.this_process = size_after(line, "this process has");
     let mut rest = line;
-    while let Some(at) = rest.find("Process ") {
+    while let Some(at) = find(rest, "Process ") {
         rest = &rest[at + 8..];
         let Some((pid, used)) = leading_number(rest) else {
             continue;
         };
-        if let Some(after) = rest[used..].strip_prefix(" has ")
+        if let Some(after) = strip_prefix(&rest[used..], " has ")
             && let Some((gib, _)) = leading_size(after)
         {
             oom.processes.push((pid as u64, gib));
@@ -75,21 +76,20 @@ fn current_wording(oom: &mut TorchOom, line: &str) {
         }
     }
     oom.allocated = size_after(line, "Of the allocated memory");
-    if line.contains("allocated in private pools") {
-        oom.private_pools = line
-            .find("allocated by PyTorch, with")
+    if has(line, "allocated in private pools") {
+        oom.private_pools = find(line, "allocated by PyTorch, with")
             .and_then(|at| leading_size(line[at + 26..].trim_start()).map(|v| v.0));
     }
-    if let Some(at) = line.find(" is reserved by PyTorch but unallocated") {
+    if let Some(at) = find(line, " is reserved by PyTorch but unallocated") {
         let head = &line[..at];
-        if let Some(and) = head.rfind("and ") {
+        if let Some(and) = rfind(head, "and ") {
             oom.reserved_unallocated = leading_size(&head[and + 4..]).map(|v| v.0);
         }
     }
 }
 
 fn old_wording(oom: &mut TorchOom, line: &str) {
-    let Some(open) = line.find("(GPU ") else {
+    let Some(open) = find(line, "(GPU ") else {
         return;
     };
     let inner = &line[open + 5..];
@@ -104,13 +104,13 @@ fn old_wording(oom: &mut TorchOom, line: &str) {
         let Some((v, _)) = leading_size(part) else {
             continue;
         };
-        if part.ends_with("total capacity") {
+        if ends(part, "total capacity") {
             oom.total = Some(v);
-        } else if part.ends_with("already allocated") {
+        } else if ends(part, "already allocated") {
             oom.allocated = Some(v);
-        } else if part.ends_with(" free") {
+        } else if ends(part, " free") {
             oom.free = Some(v);
-        } else if part.ends_with("reserved in total by PyTorch") {
+        } else if ends(part, "reserved in total by PyTorch") {
             oom.reserved_total = Some(v);
         }
     }

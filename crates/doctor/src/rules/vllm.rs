@@ -14,22 +14,21 @@ use super::{count, gib, plan_hint, size};
 use crate::facts::{Facts, KvNeed, KvTokensShort, Phase, StartupFree, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{int_after, leading_number, leading_size, number_after, size_after};
+use crate::text::{find, has, rfind, starts};
 
 const MAX_STARTUP_EVIDENCE: usize = 24;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
     if !facts.vllm_v1
-        && (line.contains("EngineCore")
-            || line.contains("gpu_worker.py")
-            || line.contains("gpu_model_runner"))
+        && (has(line, "EngineCore") || has(line, "gpu_worker.py") || has(line, "gpu_model_runner"))
     {
         facts.vllm_v1 = true;
     }
-    if line.contains("Free memory on device") {
+    if has(line, "Free memory on device") {
         let hit = startup_free(facts, line_no, line);
         return profiling_lines(facts, line_no, line) || hit;
     }
-    if line.contains("Desired GPU memory utilization is (") {
+    if has(line, "Desired GPU memory utilization is (") {
         if let Some((util, budget)) = pair_after(line, "Desired GPU memory utilization is (") {
             let b = &mut facts.startup.breakdown;
             b.utilization.get_or_insert(util);
@@ -38,11 +37,13 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         }
         return true;
     }
-    if line.contains("KV cache is needed, which is larger than the available KV cache memory") {
+    if has(
+        line,
+        "KV cache is needed, which is larger than the available KV cache memory",
+    ) {
         let max_len = int_after(line, "max seq len (");
-        let need = line
-            .find("max seq len (")
-            .and_then(|at| line[at..].find("), (").map(|p| at + p + 4))
+        let need = find(line, "max seq len (")
+            .and_then(|at| find(&line[at..], "), (").map(|p| at + p + 4))
             .and_then(|at| leading_size(&line[at..]).map(|(v, _)| v));
         let available = size_after(line, "available KV cache memory (");
         if let (Some(max_model_len), Some(need), Some(available)) = (max_len, need, available) {
@@ -61,12 +62,13 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
             return true;
         }
     }
-    if line.contains("is larger than the maximum number of tokens that can be stored in KV cache")
-        && let (Some(max_model_len), Some(kv_tokens)) = (
-            int_after(line, "max seq len ("),
-            int_after(line, "stored in KV cache ("),
-        )
-    {
+    if has(
+        line,
+        "is larger than the maximum number of tokens that can be stored in KV cache",
+    ) && let (Some(max_model_len), Some(kv_tokens)) = (
+        int_after(line, "max seq len ("),
+        int_after(line, "stored in KV cache ("),
+    ) {
         facts.vllm_v0 = true;
         facts.saw_engine(Engine::Vllm);
         record(
@@ -79,19 +81,19 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         );
         return true;
     }
-    if line.contains("No available memory for the cache blocks") {
+    if has(line, "No available memory for the cache blocks") {
         facts.saw_engine(Engine::Vllm);
         record(&mut facts.no_cache_blocks, (), line_no);
         return true;
     }
-    if line.contains("when warming up sampler with")
+    if has(line, "when warming up sampler with")
         && let Some(n) = int_after(line, "warming up sampler with ")
     {
         facts.saw_engine(Engine::Vllm);
         record(&mut facts.sampler_warmup, n, line_no);
         return true;
     }
-    if line.contains("CUDA error: out of memory") {
+    if has(line, "CUDA error: out of memory") {
         let phase = facts.phase_at(line_no, phase_here);
         record(&mut facts.cuda_error_oom, phase, line_no);
         return true;
@@ -106,9 +108,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
 /// VLLM_CPU_KVCACHE_SPACE, Y the node's memory) and "CPU KV cache size: N tokens, …".
 fn cpu_kv_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let b = &mut facts.startup.breakdown;
-    let hit = if line.contains("GiB for KV cache on node") {
+    let hit = if has(line, "GiB for KV cache on node") {
         set(&mut b.kv_cache_gib, number_after(line, "Explicitly set ("))
-    } else if line.contains("CPU KV cache size:") {
+    } else if has(line, "CPU KV cache size:") {
         let tokens = set_count(&mut b.kv_tokens, int_after(line, "CPU KV cache size:"));
         // The same line carries "Maximum concurrency for L tokens per request: Cx".
         profiling_lines(facts, line_no, line) || tokens
@@ -122,7 +124,7 @@ fn cpu_kv_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
 }
 
 fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    let Some(at) = line.find("Free memory on device") else {
+    let Some(at) = find(line, "Free memory on device") else {
         return false;
     };
     let rest = &line[at + "Free memory on device".len()..];
@@ -142,7 +144,7 @@ fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     else {
         return false;
     };
-    if line.contains("is less than desired GPU memory utilization (") {
+    if has(line, "is less than desired GPU memory utilization (") {
         let Some((util, requested)) = pair_after(line, "desired GPU memory utilization (") else {
             return false;
         };
@@ -168,7 +170,7 @@ fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
 
 /// `(0.9, 19.84 GiB)` after `marker`.
 fn pair_after(line: &str, marker: &str) -> Option<(f64, f64)> {
-    let at = line.find(marker)? + marker.len();
+    let at = find(line, marker)? + marker.len();
     let (a, used) = leading_number(&line[at..])?;
     let rest = line[at + used..].strip_prefix(',')?.trim_start();
     let (b, _) = leading_number(rest)?;
@@ -208,13 +210,13 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let mut hit = false;
     {
         let b = &mut facts.startup.breakdown;
-        if line.contains("Loading model weights took") || line.contains("Model loading took") {
+        if has(line, "Loading model weights took") || has(line, "Model loading took") {
             hit |= set(
                 &mut b.weights_gib,
                 size_after(line, "weights took").or_else(|| size_after(line, "loading took")),
             );
         }
-        if line.contains("total_gpu_memory=") {
+        if has(line, "total_gpu_memory=") {
             // Late-2024 one-line format: peak_torch includes the weights.
             let total = size_after(line, "total_gpu_memory=");
             let peak_torch = size_after(line, "peak_torch_memory=");
@@ -231,7 +233,7 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             if let (Some(p), Some(w)) = (peak_torch, b.weights_gib) {
                 set(&mut b.activation_peak_gib, Some((p - w).max(0.0)));
             }
-        } else if line.contains("total_gpu_memory (") {
+        } else if has(line, "total_gpu_memory (") {
             hit |= set(&mut b.total_gib, size_after(line, "total_gpu_memory ("));
             hit |= set(
                 &mut b.utilization,
@@ -239,65 +241,64 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             );
             hit |= set(
                 &mut b.budget_gib,
-                line.rfind(") = ")
+                rfind(line, ") = ")
                     .and_then(|at| leading_size(&line[at + 4..]))
                     .map(|v| v.0),
             );
-        } else if line.contains("total_gpu_memory") {
+        } else if has(line, "total_gpu_memory") {
             hit |= set(&mut b.total_gib, size_after(line, "total_gpu_memory"));
-        } else if line.contains("] gpu_memory_utilization") {
+        } else if has(line, "] gpu_memory_utilization") {
             hit |= set(
                 &mut b.utilization,
                 number_after(line, "gpu_memory_utilization"),
             );
         }
-        if line.contains("the current vLLM instance can use") && !line.contains("total_gpu_memory")
-        {
+        if has(line, "the current vLLM instance can use") && !has(line, "total_gpu_memory") {
             hit |= set(
                 &mut b.budget_gib,
                 size_after(line, "the current vLLM instance can use"),
             );
         }
-        if line.contains("model weights take") {
+        if has(line, "model weights take") {
             hit |= set(&mut b.weights_gib, size_after(line, "model weights take"));
         }
-        if line.contains("non_torch_memory") && !line.contains("non_torch_memory=") {
+        if has(line, "non_torch_memory") && !has(line, "non_torch_memory=") {
             let v = size_after(line, "non_torch_memory takes")
                 .or_else(|| size_after(line, "non_torch_memory"));
             hit |= set(&mut b.non_torch_gib, v);
         }
-        if line.contains("PyTorch activation peak memory") {
+        if has(line, "PyTorch activation peak memory") {
             let v = size_after(line, "activation peak memory takes")
                 .or_else(|| size_after(line, "activation peak memory"));
             hit |= set(&mut b.activation_peak_gib, v);
         }
-        if line.contains("reserved for KV Cache is") {
+        if has(line, "reserved for KV Cache is") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "reserved for KV Cache is"),
             );
         }
-        if line.contains("available_kv_cache_memory") {
+        if has(line, "available_kv_cache_memory") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "available_kv_cache_memory"),
             );
         }
-        if line.contains("Available KV cache memory:") {
+        if has(line, "Available KV cache memory:") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "Available KV cache memory:"),
             );
         }
         for marker in ["GPU blocks: ", "cuda blocks: ", "CUDA blocks: "] {
-            if line.contains(marker) {
+            if has(line, marker) {
                 hit |= set_count(&mut b.gpu_blocks, int_after(line, marker));
             }
         }
-        if line.contains("GPU KV cache size:") {
+        if has(line, "GPU KV cache size:") {
             hit |= set_count(&mut b.kv_tokens, int_after(line, "GPU KV cache size:"));
         }
-        if line.contains("Maximum concurrency for") {
+        if has(line, "Maximum concurrency for") {
             hit |= set_count(
                 &mut b.max_model_len,
                 int_after(line, "Maximum concurrency for"),
@@ -307,7 +308,7 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
                 number_after(line, "tokens per request:"),
             );
         }
-        if line.contains("Actual usage is") {
+        if has(line, "Actual usage is") {
             // V1 recommendation: "Actual usage is W GiB for weight, A GiB for peak activation,
             // N GiB for non-torch memory, and C GiB for CUDAGraph memory."
             hit |= set(&mut b.weights_gib, size_after(line, "Actual usage is"));
@@ -321,16 +322,16 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
                 size_after(line, "non-torch memory, and"),
             );
         }
-        if line.contains("kv cache memory in use is") {
+        if has(line, "kv cache memory in use is") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "kv cache memory in use is"),
             );
         }
-        if line.contains("Graph capturing finished") {
+        if has(line, "Graph capturing finished") {
             hit |= set(&mut b.cuda_graph_gib, size_after(line, ", took"));
         }
-        if line.contains("CUDA graph pool memory:") {
+        if has(line, "CUDA graph pool memory:") {
             hit |= set(
                 &mut b.cuda_graph_gib,
                 size_after(line, "CUDA graph pool memory:"),
@@ -341,13 +342,13 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             );
         }
     }
-    if line.contains("Estimated CUDA graph memory:") {
+    if has(line, "Estimated CUDA graph memory:") {
         hit |= set(
             &mut facts.startup.cuda_graph_estimate_gib,
             size_after(line, "Estimated CUDA graph memory:"),
         );
     }
-    if line.contains("Memory profiling takes") || line.contains("Memory profiling results") {
+    if has(line, "Memory profiling takes") || has(line, "Memory profiling results") {
         facts.vllm_v0 = true;
         hit = true;
     }
@@ -485,7 +486,7 @@ fn kv_fp8_applicable(facts: &Facts) -> bool {
     !facts
         .kv_cache_dtype
         .as_deref()
-        .is_some_and(|d| d.starts_with("fp8") || d.contains("fp4"))
+        .is_some_and(|d| starts(d, "fp8") || has(d, "fp4"))
 }
 
 fn block_size(facts: &Facts) -> u64 {
