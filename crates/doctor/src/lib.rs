@@ -17,7 +17,7 @@ pub mod text;
 
 use std::io::BufRead;
 
-pub use finding::{Cause, Diagnosis, Engine, Finding, StartupReport};
+pub use finding::{Cause, Diagnosis, Engine, Finding, Platform, StartupReport};
 pub use headroom_plan::advice::MemoryBreakdown;
 
 /// Errors reading a log.
@@ -97,7 +97,7 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
         truncated_lines: reader.truncated_lines(),
         engine: facts.engine,
         gpu_name: facts.gpu_name.take(),
-        platform: facts.rocm.then_some("rocm"),
+        platform: facts.platform,
         startup,
         unrecognised_lines: unrecognised,
     })

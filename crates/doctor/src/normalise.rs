@@ -351,6 +351,8 @@ pub fn json_message(line: &str) -> Option<String> {
 pub struct Prefix {
     pub body: usize,
     pub rank: Option<u64>,
+    /// The stage of a multi-stage (omni) stack: `[Stage-1]`.
+    pub stage: Option<u64>,
 }
 
 /// Finds the per-line prefixes at the start of `line` (any number, any order).
@@ -358,8 +360,14 @@ pub fn prefix(line: &str) -> Prefix {
     let b = line.as_bytes();
     let mut pos = skip_spaces(b, 0);
     let mut rank = None;
+    let mut stage = None;
     for _ in 0..10 {
         let rest = &line[pos..];
+        if let Some((n, id)) = stage_tag(rest.as_bytes()) {
+            stage = stage.or(Some(id));
+            pos = skip_separator(b, pos + n);
+            continue;
+        }
         let found = iso_timestamp(rest.as_bytes())
             .or_else(|| short_timestamp(rest.as_bytes()))
             .or_else(|| syslog(rest.as_bytes()))
@@ -375,7 +383,21 @@ pub fn prefix(line: &str) -> Prefix {
         pos += n;
         pos = skip_separator(b, pos);
     }
-    Prefix { body: pos, rank }
+    Prefix {
+        body: pos,
+        rank,
+        stage,
+    }
+}
+
+/// `[Stage-1]` (vLLM-Omni's stage tag) → its id.
+fn stage_tag(b: &[u8]) -> Option<(usize, u64)> {
+    let rest = b.strip_prefix(b"[Stage-")?;
+    let n = rest.iter().take_while(|c| c.is_ascii_digit()).count();
+    (n > 0 && rest.get(n) == Some(&b']'))
+        .then(|| std::str::from_utf8(&rest[..n]).ok()?.parse().ok())
+        .flatten()
+        .map(|id| (7 + n + 1, id))
 }
 
 fn skip_spaces(b: &[u8], mut i: usize) -> usize {
@@ -784,6 +806,10 @@ mod tests {
             "| 0 x |"
         );
         assert_eq!(body("ERROR:root:CUDA out of memory"), "CUDA out of memory");
+        let p = prefix(
+            "(Worker pid=2642) [Stage-1] INFO 02-26 07:43:01 [gpu_model_runner.py:4221] Model loading took 8.5 GiB",
+        );
+        assert_eq!(p.stage, Some(1));
         // Message text is not a prefix.
         assert_eq!(
             body("RuntimeError: CUDA out of memory"),

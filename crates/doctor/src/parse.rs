@@ -5,6 +5,8 @@
 
 use crate::text::{find, starts};
 
+/// Bytes in a GiB.
+pub const GIB_BYTES: f64 = 1024.0 * 1024.0 * 1024.0;
 const MIB: f64 = 1.0 / 1024.0;
 const KIB: f64 = 1.0 / (1024.0 * 1024.0);
 const BYTE: f64 = 1.0 / (1024.0 * 1024.0 * 1024.0);

@@ -10,7 +10,7 @@ use crate::parse::{int_after, leading_number, number_after};
 use crate::text::{find, has, starts, strip_prefix};
 
 /// Reads context from `line`; returns the phase marker on this line, if any.
-pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<Phase> {
+pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u32) -> Option<Phase> {
     if groups & gate::GPU != 0 && facts.gpu_name.is_none() {
         facts.gpu_name = gpu_name(line);
     }
@@ -35,7 +35,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<
 
 /// The engine whose knobs the fixes name: the most specific one seen.
 pub fn main_engine(seen: &[Engine]) -> Option<Engine> {
-    const ORDER: [Engine; 7] = [
+    // SGLang first: its older releases import vLLM's layers, so vLLM's paths show in its
+    // tracebacks.
+    const ORDER: [Engine; 8] = [
+        Engine::Sglang,
         Engine::Vllm,
         Engine::Tgi,
         Engine::Ollama,

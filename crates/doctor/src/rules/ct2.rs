@@ -11,6 +11,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
     if has(line, "CUDA failed with error out of memory") {
         let phase = facts.phase_at(line_no, phase_here);
         record(&mut facts.ct2_oom, phase, line_no);
+        facts.saw_oom(line_no);
         facts.saw_engine(Engine::Ctranslate2);
         return true;
     }

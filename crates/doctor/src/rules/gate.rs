@@ -33,31 +33,49 @@ const ENGINE_MARKERS: &[(&str, Engine)] = &[
     ("faster_whisper", Engine::Ctranslate2),
     ("whisper", Engine::Whisper),
     ("torch", Engine::PyTorch),
+    ("sglang", Engine::Sglang),
+    ("sgl_kernel", Engine::Sglang),
+    ("llama runner", Engine::Ollama),
+    ("llama-runner", Engine::Ollama),
+    ("source=server.go", Engine::Ollama),
+    ("source=ggml.go", Engine::Ollama),
+    ("source=runner.go", Engine::Ollama),
 ];
 
 /// Rule groups a keyword can wake; a line runs only the rules whose group matched.
-pub const TORCH: u16 = 1 << 0;
-pub const VLLM: u16 = 1 << 1;
-pub const TGI: u16 = 1 << 2;
-pub const LLAMA: u16 = 1 << 3;
-pub const OLLAMA: u16 = 1 << 4;
-pub const CT2: u16 = 1 << 5;
-pub const NOT_MEMORY: u16 = 1 << 6;
+pub const TORCH: u32 = 1 << 0;
+pub const VLLM: u32 = 1 << 1;
+pub const TGI: u32 = 1 << 2;
+pub const LLAMA: u32 = 1 << 3;
+pub const OLLAMA: u32 = 1 << 4;
+pub const CT2: u32 = 1 << 5;
+pub const NOT_MEMORY: u32 = 1 << 6;
 /// Tensor / pipeline parallel sizes.
-pub const CONTEXT: u16 = 1 << 7;
-pub const PHASE: u16 = 1 << 8;
-pub const ERROR: u16 = 1 << 9;
+pub const CONTEXT: u32 = 1 << 7;
+pub const PHASE: u32 = 1 << 8;
+pub const ERROR: u32 = 1 << 9;
 /// GPU name.
-pub const GPU: u16 = 1 << 10;
+pub const GPU: u32 = 1 << 10;
 /// Worker rank tags on multi-GPU lines.
-pub const RANK: u16 = 1 << 11;
+pub const RANK: u32 = 1 << 11;
 /// Configured limits and the model name.
-pub const CONFIG: u16 = 1 << 12;
+pub const CONFIG: u32 = 1 << 12;
 /// The v2 families: negative KV budget, TGI warm-up wrapper and limits, ROCm wording.
-pub const EXTRA: u16 = 1 << 13;
+pub const EXTRA: u32 = 1 << 13;
+/// Platform wordings: MPS, XPU, Vulkan, Metal, driver and library out-of-memory codes.
+pub const PLATFORM: u32 = 1 << 14;
+/// SGLang's start-up figures, limits and messages.
+pub const SGLANG: u32 = 1 << 15;
+/// 2026 vLLM start-ups: the profiling race check, CUDA-graph profiling, `--kv-cache-memory`
+/// advice, multi-stage (omni) budgets.
+pub const STARTUP26: u32 = 1 << 16;
+/// Words that say an engine caught an out-of-memory and went on.
+pub const ABSORB: u32 = 1 << 17;
+/// Lines that show an engine serving or past its start-up.
+pub const READY: u32 = 1 << 18;
 
 /// Every substring some rule needs before it can match (a necessary condition, not sufficient).
-const RULE_KEYWORDS: &[(&str, u16)] = &[
+const RULE_KEYWORDS: &[(&str, u32)] = &[
     // PyTorch
     ("Tried to allocate", TORCH),
     // vLLM
@@ -211,6 +229,71 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("PYTORCH_HIP_ALLOC_CONF", EXTRA),
     ("insufficient shared memory", NOT_MEMORY),
     ("out of shared memory", NOT_MEMORY),
+    // platform wordings
+    ("MPS backend out of memory", PLATFORM),
+    ("XPU out of memory", PLATFORM),
+    ("NPU out of memory", PLATFORM),
+    ("ggml_vulkan", PLATFORM),
+    ("Vulkan0", PLATFORM),
+    ("ErrorOutOfDeviceMemory", PLATFORM),
+    ("VK_ERROR_OUT_OF_DEVICE_MEMORY", PLATFORM),
+    ("ggml_metal", PLATFORM),
+    ("kIOGPUCommandBufferCallbackErrorOutOfMemory", PLATFORM),
+    ("OUT_OF_DEVICE_MEMORY", PLATFORM),
+    ("ggml_sycl", PLATFORM),
+    ("cudaErrorMemoryAllocation", PLATFORM),
+    ("CUBLAS_STATUS_ALLOC_FAILED", PLATFORM),
+    ("CUDNN_STATUS_ALLOC_FAILED", PLATFORM),
+    ("CUDA_ERROR_OUT_OF_MEMORY", PLATFORM),
+    ("RESOURCE_EXHAUSTED", PLATFORM),
+    ("out of memory", PLATFORM),
+    ("OutOfMemoryError", PLATFORM),
+    ("CUDA error", PLATFORM),
+    ("Allocation of size", PLATFORM),
+    // SGLang
+    ("mem_fraction_static", SGLANG),
+    ("--mem-fraction-static", SGLANG),
+    ("avail mem=", SGLANG),
+    ("Not enough memory. Please try to increase", SGLANG),
+    ("Capture cuda graph", SGLANG | PHASE),
+    ("KV Cache is allocated", SGLANG),
+    ("max_total_num_tokens", SGLANG),
+    ("Retract requests", SGLANG | ABSORB),
+    // 2026 start-ups
+    ("Error in memory profiling", STARTUP26),
+    ("--kv-cache-memory=", STARTUP26),
+    ("CUDA graph memory profiling is", STARTUP26),
+    ("(process-scoped)", STARTUP26),
+    ("(profiling fallback)", STARTUP26),
+    ("[Stage-", STARTUP26),
+    ("server config", OLLAMA),
+    ("OLLAMA_NUM_PARALLEL", OLLAMA),
+    ("OLLAMA_CONTEXT_LENGTH", OLLAMA),
+    ("--parallel ", OLLAMA),
+    ("--ctx-size ", OLLAMA),
+    ("--batch-size ", OLLAMA),
+    ("--n-gpu-layers ", OLLAMA),
+    ("KvSize:", OLLAMA),
+    ("GPULayers:", OLLAMA),
+    // an out-of-memory the engine went on from
+    ("Skipping tactic", ABSORB),
+    ("pinned memory", ABSORB),
+    ("retracted", ABSORB),
+    ("falling back", ABSORB),
+    ("retrying", ABSORB),
+    ("evict", ABSORB),
+    ("unloading", ABSORB),
+    // serving, or past start-up
+    ("Application startup complete", READY),
+    ("Uvicorn running", READY),
+    ("server is listening", READY),
+    ("llama runner started", READY),
+    ("The server is fired up", READY),
+    ("Starting vLLM API server", READY),
+    ("Avg prompt throughput", READY),
+    ("init engine (profile", READY),
+    ("Capture cuda graph end", READY),
+    ("HTTP/1.1\" 200", READY),
     // error-looking lines kept for the "nothing recognised" report
     ("error", ERROR),
     ("failed", ERROR),
@@ -265,9 +348,9 @@ fn match_everything() -> Gate {
 /// What one line contains: engines whose markers appear, and whether any rule keyword does.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Hits {
-    pub engines: [bool; 7],
+    pub engines: [bool; 8],
     /// Bitmask of rule groups whose keywords appear.
-    pub groups: u16,
+    pub groups: u32,
 }
 
 fn engine_slot(e: Engine) -> usize {
@@ -279,10 +362,11 @@ fn engine_slot(e: Engine) -> usize {
         Engine::Ctranslate2 => 4,
         Engine::Whisper => 5,
         Engine::PyTorch => 6,
+        Engine::Sglang => 7,
     }
 }
 
-pub const SLOT_ENGINES: [Engine; 7] = [
+pub const SLOT_ENGINES: [Engine; 8] = [
     Engine::Vllm,
     Engine::Tgi,
     Engine::Ollama,
@@ -290,6 +374,7 @@ pub const SLOT_ENGINES: [Engine; 7] = [
     Engine::Ctranslate2,
     Engine::Whisper,
     Engine::PyTorch,
+    Engine::Sglang,
 ];
 
 /// Searches `line` once for every marker and keyword.
@@ -297,7 +382,7 @@ pub fn scan(line: &str) -> Hits {
     let g = gate();
     let mut hits = Hits::default();
     if g.everything {
-        hits.groups = u16::MAX;
+        hits.groups = u32::MAX;
         return hits;
     }
     // A table row (`nvidia-smi`), whatever prefix the line carries.
@@ -311,7 +396,7 @@ pub fn scan(line: &str) -> Hits {
         } else {
             hits.groups |= RULE_KEYWORDS
                 .get(id - g.engines)
-                .map_or(u16::MAX, |(_, grp)| *grp);
+                .map_or(u32::MAX, |(_, grp)| *grp);
         }
     }
     if hits.groups & CT2 != 0 {
@@ -327,11 +412,18 @@ mod tests {
     #[test]
     fn routine_lines_skip_rules_and_markers_are_found() {
         let h = scan("INFO:     127.0.0.1:51234 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK");
-        assert_eq!(h, Hits::default());
+        assert_eq!(
+            h.groups, READY,
+            "a served request only says the engine is up"
+        );
+        assert_eq!(
+            scan("INFO:     Waiting for application startup."),
+            Hits::default()
+        );
         let h = scan(
             "ERROR 03-13 [core.py:330] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB.",
         );
-        assert_eq!(h.groups, TORCH | ERROR);
+        assert_eq!(h.groups, TORCH | ERROR | PLATFORM);
         assert!(h.engines[engine_slot(Engine::Vllm)]);
         assert!(h.engines[engine_slot(Engine::PyTorch)]);
         assert_eq!(

@@ -3,6 +3,7 @@
 //! engine shares (engine, GPU name, parallelism, configured limits, the phase a failure happened
 //! in) and ranks the findings.
 
+mod absorbed;
 mod context;
 mod ct2;
 mod gate;
@@ -11,11 +12,14 @@ mod negative_kv;
 mod not_memory;
 mod nvidia_smi;
 mod ollama;
+mod platform;
 mod rocm;
+mod sglang;
 mod tgi;
 mod tgi_warmup;
 mod torch;
 mod vllm;
+mod vllm_startup;
 
 use crate::facts::{Facts, MAX_UNRECOGNISED};
 use crate::finding::{Cause, Finding};
@@ -42,13 +46,29 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     if g == 0 {
         return;
     }
+    if g == gate::READY {
+        // Routine serving lines: noted, nothing more to read.
+        absorbed::ready(facts, line_no);
+        return;
+    }
     let prefix = crate::normalise::prefix(line);
     let body = &line[prefix.body..];
     facts.line_rank = prefix.rank;
+    facts.line_stage = prefix.stage;
     if let Some(r) = prefix.rank {
         facts.max_worker_rank = facts.max_worker_rank.max(r);
     }
+    platform::sniff(facts, line);
     let phase_here = context::scan(facts, line_no, line, g);
+    if g & gate::READY != 0 {
+        absorbed::ready(facts, line_no);
+    }
+    // A caught out-of-memory is read before any rule takes it for a failure.
+    if g & (gate::ABSORB | gate::PLATFORM | gate::SGLANG) != 0
+        && absorbed::scan(facts, line_no, line)
+    {
+        return;
+    }
     let mut matched = false;
     if g & gate::VLLM != 0 {
         matched |= vllm::scan(facts, line_no, line, phase_here);
@@ -75,6 +95,21 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
         matched |= extra_families(facts, line_no, line, body, phase_here);
     } else if g & gate::LLAMA != 0 {
         matched |= rocm::scan(facts, line_no, line, phase_here);
+    }
+    if g & gate::SGLANG != 0 {
+        matched |= sglang::scan(facts, line_no, line);
+    }
+    if g & (gate::STARTUP26 | gate::VLLM) != 0 || facts.line_stage.is_some() {
+        matched |= vllm_startup::scan(facts, line_no, line);
+    }
+    if g & gate::PLATFORM != 0 {
+        matched |= platform::scan(facts, line_no, line, phase_here);
+    }
+    if !matched {
+        matched = platform::unknown(facts, line_no, line, phase_here);
+    }
+    if !matched && g & gate::ERROR != 0 {
+        tgi_warmup::note_exception(facts, line_no, line);
     }
     if !matched
         && g & gate::ERROR != 0
@@ -122,6 +157,10 @@ pub fn conclude(facts: &mut Facts) -> Vec<Finding> {
     negative_kv::conclude(facts, &mut findings);
     tgi_warmup::conclude(facts, &mut findings);
     nvidia_smi::conclude(facts, &mut findings);
+    sglang::conclude(facts, &mut findings);
+    vllm_startup::conclude(facts, &mut findings);
+    platform::conclude(facts, &mut findings);
+    absorbed::conclude(facts, &mut findings);
     rocm::adjust(facts, &mut findings);
     let memory_found = findings.iter().any(|f| f.cause != Cause::NotOutOfMemory);
     if !memory_found {

@@ -29,6 +29,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         || has(line, "ROCm error: out of memory")
     {
         let phase = facts.phase_at(line_no, phase_here);
+        facts.saw_oom(line_no);
         record(&mut facts.cuda_error_oom, phase, line_no);
     }
     true

@@ -45,6 +45,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
     oom.phase = facts.phase_at(line_no, phase_here);
     oom.worker_rank = worker_rank(line);
     facts.saw_engine(Engine::PyTorch);
+    facts.saw_oom(line_no);
     record(&mut facts.torch_oom, oom, line_no);
     true
 }
@@ -225,24 +226,7 @@ fn torch_findings(
     let free = oom.free.unwrap_or(0.0);
     let shortfall = (oom.request - free).max(0.0);
     let drop = utilization_drop_for(shortfall.max(1.0 / 1024.0), total).filter(|_| total > 0.0);
-    let util = facts
-        .startup
-        .breakdown
-        .utilization
-        .or(facts.utilization_config);
-    let budget_fix = match (facts.engine, drop) {
-        (Some(Engine::Vllm) | None, Some(d)) => match util {
-            Some(u) if u - d > 0.0 => format!(
-                "`--gpu-memory-utilization {:.2}` (from {u:.2})",
-                headroom_plan::advice::floor_to(u - d, 2)
-            ),
-            _ => format!("lower `--gpu-memory-utilization` by at least {d:.2}"),
-        },
-        (Some(Engine::Tgi), Some(d)) => {
-            format!("lower `--cuda-memory-fraction` by at least {d:.2}")
-        }
-        _ => format!("free {} on the device", size(shortfall.max(0.0))),
-    };
+    let budget_fix = budget_fix(facts, drop, shortfall);
     let need_line = format!(
         "the allocation of {} met {} free{}",
         size(oom.request),
@@ -279,11 +263,21 @@ fn torch_findings(
                 || oom.worker_rank.is_some_and(|r| r > 0)
                 || facts.max_worker_rank > 0
                 || facts.tp.is_some_and(|t| t > 1);
-            out.push(base(Cause::CudaGraphCapture, 0.9, oom, &acc, lines).fix(format!(
-                "{need_line} {}: the graph pool lives outside the KV budget in older vLLM; {budget_fix}, capture fewer sizes (`--max-num-seqs`), or `--enforce-eager`{}",
-                Phase::GraphCapture.describe(),
-                if multi_gpu { super::vllm::multi_gpu_capture_note(facts) } else { String::new() }
-            )));
+            let (advice, new_util) = graph_capture_advice(facts, oom, shortfall, &budget_fix);
+            out.push(
+                base(Cause::CudaGraphCapture, 0.9, oom, &acc, lines)
+                    .num("utilization_that_fits", new_util)
+                    .fix(format!(
+                        "{need_line} {}: {advice}{}{}",
+                        Phase::GraphCapture.describe(),
+                        super::vllm::kv_fits_note(facts),
+                        if multi_gpu {
+                            super::vllm::multi_gpu_capture_note(facts)
+                        } else {
+                            String::new()
+                        }
+                    )),
+            );
         }
         Some(Phase::LoadWeights) => {
             let loaded = oom.allocated.or(acc.this_process);
@@ -313,9 +307,10 @@ fn torch_findings(
         Some(Phase::Profiling) | Some(Phase::Request) | Some(Phase::KvAllocation) => {
             let phase = oom.phase.map(Phase::describe).unwrap_or_default();
             out.push(base(Cause::ActivationPeak, 0.8, oom, &acc, lines).fix(format!(
-                "{need_line} {phase}: the peak needs {} more; {budget_fix} to leave room for it, or lower {} (the peak grows with tokens per step)",
+                "{need_line} {phase}: the peak needs {} more; {budget_fix} to leave room for it, or lower {} (the peak grows with tokens per step){}",
                 size(shortfall),
-                knobs.batch
+                knobs.batch,
+                super::vllm::kv_fits_note(facts)
             )));
         }
         None => {}
@@ -342,10 +337,16 @@ fn torch_findings(
             format!(
                 "{need_line} ({short_text}); freeing that memory gives the process room to work with"
             )
-        } else {
+        } else if shortfall <= held {
             format!(
                 "{need_line}: freeing {} of it (stopping that process) fits the request",
                 size(shortfall)
+            )
+        } else {
+            format!(
+                "{need_line}: {} short, more than the {} held elsewhere: freeing all of it is not enough on its own",
+                size(shortfall),
+                size(held)
             )
         };
         let pids = if acc.others_listed > 0.0 {
@@ -358,6 +359,7 @@ fn torch_findings(
         } else {
             String::new()
         };
+        let frees = if not_short { held } else { shortfall.min(held) };
         out.push(
             base(
                 Cause::OtherProcessHoldsMemory,
@@ -366,6 +368,7 @@ fn torch_findings(
                 &acc,
                 lines,
             )
+            .num("frees_gib", Some(frees))
             .fix(format!(
                 "{} of the {} GiB GPU is held outside this process's PyTorch memory{}; {relief}{}",
                 size(held),
@@ -444,6 +447,120 @@ fn torch_findings(
         );
     }
 }
+
+/// The budget change that frees `shortfall` on this engine: a lower vLLM utilization, TGI memory
+/// fraction or SGLang static fraction, from the value the log states; elsewhere the memory to free.
+fn budget_fix(facts: &Facts, drop: Option<f64>, shortfall: f64) -> String {
+    let lowered = |flag: &str, from: Option<f64>, d: f64| match from {
+        Some(u) if u - d > 0.0 => format!(
+            "`{flag} {:.2}` (from {u:.2})",
+            headroom_plan::advice::floor_to(u - d, 2)
+        ),
+        _ => format!("lower `{flag}` by at least {d:.2}"),
+    };
+    let util = facts
+        .startup
+        .breakdown
+        .utilization
+        .or(facts.utilization_config);
+    match (facts.engine, drop) {
+        (Some(Engine::Vllm) | None, Some(d)) => lowered("--gpu-memory-utilization", util, d),
+        (Some(Engine::Tgi), Some(d)) => lowered("--cuda-memory-fraction", None, d),
+        (Some(Engine::Sglang), Some(d)) => {
+            lowered("--mem-fraction-static", facts.sglang.mem_fraction_static, d)
+        }
+        _ => format!("free {} on the device", size(shortfall.max(0.0))),
+    }
+}
+
+/// What a capture-time out-of-memory calls for. When the engine counted an estimate of the graphs
+/// inside its budget (vLLM ≥ 0.21 profiles them), only the estimate's error is missing and the
+/// budget drop that frees the shortfall fits. When graphs live outside the budget (older vLLM),
+/// the failed allocation is only the one that tipped a full card: the pool is larger than what
+/// the log shows, so `--enforce-eager` comes first and a utilization that leaves vLLM's own
+/// stated 1–3 GiB for graphs second. Returns the text and the utilization it names.
+fn graph_capture_advice(
+    facts: &Facts,
+    oom: &TorchOom,
+    shortfall: f64,
+    budget_fix: &str,
+) -> (String, Option<f64>) {
+    if facts.engine == Some(Engine::Sglang) {
+        let bs = facts
+            .sglang
+            .cuda_graph_max_bs
+            .map(|b| format!("`--cuda-graph-max-bs {}` (from {b})", (b / 2).max(1)))
+            .unwrap_or_else(|| "a lower `--cuda-graph-max-bs` (fewer batch sizes captured)".into());
+        return (
+            format!(
+                "SGLang captures graphs in the room `--mem-fraction-static` leaves outside its static pool; {budget_fix} gives them that room, or {bs}, or `--disable-cuda-graph`"
+            ),
+            None,
+        );
+    }
+    let estimate = facts.startup.cuda_graph_estimate_gib.or_else(|| {
+        let g = facts.graph_profiling?;
+        let t = facts.startup.breakdown.total_gib.or(oom.total)?;
+        Some((g.utilization - g.equivalent) * t)
+    });
+    let total = oom.total.or(facts.startup.breakdown.total_gib);
+    let util = facts
+        .startup
+        .breakdown
+        .utilization
+        .or(facts.utilization_config)
+        .or(facts.graph_profiling.map(|g| g.utilization));
+    if let Some(e) = estimate.filter(|_| {
+        facts.graph_profiling.is_some() || facts.startup.cuda_graph_estimate_gib.is_some()
+    }) {
+        let new_util = match (util, total) {
+            (Some(u), Some(t)) if t > 0.0 => {
+                headroom_plan::advice::utilization_drop_for(shortfall.max(1.0 / 1024.0), t)
+                    .map(|d| headroom_plan::advice::floor_to(u - d, 2))
+                    .filter(|n| *n > 0.0)
+            }
+            _ => None,
+        };
+        return (
+            format!(
+                "this vLLM counted an estimate of {} GiB for CUDA graphs inside its budget, and the real capture (after the KV pool was allocated) took {} more: {budget_fix} covers it, or capture fewer sizes (`--max-num-seqs`, `--cudagraph-capture-sizes`), or `--enforce-eager`",
+                gib(e),
+                size(shortfall)
+            ),
+            new_util,
+        );
+    }
+    let full_card = oom.free.is_some_and(|f| f < 0.1) || shortfall < 0.25;
+    if full_card
+        && let (Some(u), Some(t)) = (util, total)
+        && t > GRAPH_ROOM_GIB
+    {
+        let leave = headroom_plan::advice::floor_to((t - GRAPH_ROOM_GIB) / t, 2);
+        let by_short = headroom_plan::advice::utilization_drop_for(shortfall.max(1.0 / 1024.0), t)
+            .map(|d| headroom_plan::advice::floor_to(u - d, 2))
+            .unwrap_or(u);
+        let new_util = leave.min(by_short);
+        if new_util < u {
+            return (
+                format!(
+                    "the graph pool lives outside the utilization budget in this vLLM and the {} allocation that failed is only the one that tipped a full card: the pool is larger. `--enforce-eager` (no graphs) fixes it; to keep graphs, leave them room outside the budget — vLLM's own note puts graphs at 1–3 GiB per GPU: `--gpu-memory-utilization {new_util:.2}` (from {u:.2}, leaves {} GiB), or capture fewer sizes (`--max-num-seqs`)",
+                    size(oom.request),
+                    gib(t * (1.0 - new_util))
+                ),
+                Some(new_util),
+            );
+        }
+    }
+    (
+        format!(
+            "the graph pool lives outside the KV budget in this vLLM; `--enforce-eager` skips graphs, or {budget_fix}, or capture fewer sizes (`--max-num-seqs`)"
+        ),
+        None,
+    )
+}
+
+/// Room vLLM's own log message says CUDA graphs take per GPU at most ("1~3 GiB").
+const GRAPH_ROOM_GIB: f64 = 3.0;
 
 /// An OOM with no sizes (driver-level "CUDA error: out of memory"): name the phase and say which
 /// numbers are missing.

@@ -90,11 +90,13 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         && let Some(n) = int_after(line, "warming up sampler with ")
     {
         facts.saw_engine(Engine::Vllm);
+        facts.saw_oom(line_no);
         record(&mut facts.sampler_warmup, n, line_no);
         return true;
     }
     if has(line, "CUDA error: out of memory") {
         let phase = facts.phase_at(line_no, phase_here);
+        facts.saw_oom(line_no);
         record(&mut facts.cuda_error_oom, phase, line_no);
         return true;
     }
@@ -166,6 +168,19 @@ fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         push_startup_line(facts, line_no);
     }
     true
+}
+
+/// The size written just before `marker`: `3.87 GiB` in "3.87 GiB for weights".
+fn size_before(line: &str, marker: &str) -> Option<f64> {
+    let at = find(line, marker)?;
+    let head = line[..at].trim_end();
+    let unit_start = head.rfind(' ')? + 1;
+    let num_end = head[..unit_start].trim_end();
+    let num_start = num_end
+        .rfind(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or(0, |i| i + 1);
+    let text = format!("{} {}", &num_end[num_start..], &head[unit_start..]);
+    leading_size(&text).map(|v| v.0)
 }
 
 /// `(0.9, 19.84 GiB)` after `marker`.
@@ -308,18 +323,20 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
                 number_after(line, "tokens per request:"),
             );
         }
-        if has(line, "Actual usage is") {
-            // V1 recommendation: "Actual usage is W GiB for weight, A GiB for peak activation,
-            // N GiB for non-torch memory, and C GiB for CUDAGraph memory."
-            hit |= set(&mut b.weights_gib, size_after(line, "Actual usage is"));
-            hit |= set(&mut b.activation_peak_gib, size_after(line, "for weight,"));
+        if has(line, "Actual usage") {
+            // The start-up recommendation, in each version's words: "W GiB for weight, A GiB for
+            // peak activation, N GiB for non-torch memory, and C GiB for CUDAGraph memory", or
+            // "X GiB for consumed memory (weights + non-torch), A GiB for peak activation, and C
+            // GiB for CUDAGraph memory", or "… for NPU graph memory".
+            hit |= set(&mut b.weights_gib, size_before(line, " for weight"));
             hit |= set(
-                &mut b.non_torch_gib,
-                size_after(line, "for peak activation,"),
+                &mut b.activation_peak_gib,
+                size_before(line, " for peak activation"),
             );
+            hit |= set(&mut b.non_torch_gib, size_before(line, " for non-torch"));
             hit |= set(
                 &mut b.cuda_graph_gib,
-                size_after(line, "non-torch memory, and"),
+                size_before(line, " for CUDAGraph").or_else(|| size_before(line, " graph memory")),
             );
         }
         if has(line, "kv cache memory in use is") {
@@ -341,6 +358,12 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
                 size_after(line, "(actual),"),
             );
         }
+    }
+    if has(line, "Actual usage") && has(line, "for consumed memory") {
+        hit |= set(
+            &mut facts.startup.consumed_gib,
+            size_before(line, " for consumed memory"),
+        );
     }
     if has(line, "Estimated CUDA graph memory:") {
         hit |= set(
@@ -365,6 +388,24 @@ pub fn finish_startup(facts: &mut Facts) {
     s.pipeline_parallel_size = facts.pp;
     s.model = facts.model.clone();
     s.block_size = facts.block_size;
+    if let Some(k) = facts.kv_cache_memory {
+        s.kv_cache_memory_fits_bytes = k.fits_requested;
+        s.kv_cache_memory_fills_bytes = k.fills_card;
+        if !s.evidence_lines.contains(&k.line) {
+            s.evidence_lines.push(k.line);
+        }
+    }
+    if let Some(g) = facts.graph_profiling {
+        if s.cuda_graph_estimate_gib.is_none()
+            && let Some(t) = s.breakdown.total_gib
+        {
+            s.cuda_graph_estimate_gib = Some((g.utilization - g.equivalent).max(0.0) * t);
+        }
+        if !s.evidence_lines.contains(&g.line) {
+            s.evidence_lines.push(g.line);
+        }
+        s.evidence_lines.sort_unstable();
+    }
     let b = &mut s.breakdown;
     if b.utilization.is_none() {
         b.utilization = facts.utilization_config;
@@ -532,6 +573,7 @@ fn kv_need_finding(facts: &Facts, out: &mut Vec<Finding>) {
         None => {}
     }
     fix.push_str(&options.join(", "));
+    fix.push_str(&kv_fills_note(facts));
     if util_fit.is_none() {
         fix.push_str(&format!(
             "; the utilization that fits needs the card's total memory and the current utilization, which this log lacks ({} prints both)",
@@ -802,6 +844,49 @@ fn graph_finding(facts: &Facts, out: &mut Vec<Finding>) {
             .fix(fix)
             .lines(seen.lines.iter().copied()),
     );
+}
+
+/// The log's own `--kv-cache-memory` figure that fits the requested memory, when it shrinks the
+/// KV cache this start-up used (a fix for memory that ran out after the pool was sized).
+pub(crate) fn kv_fits_note(facts: &Facts) -> String {
+    let Some(bytes) = facts.kv_cache_memory.and_then(|k| k.fits_requested) else {
+        return String::new();
+    };
+    let g = bytes as f64 / advice::GIB;
+    if facts
+        .startup
+        .breakdown
+        .kv_cache_gib
+        .is_some_and(|kv| g >= kv)
+    {
+        return String::new();
+    }
+    format!(
+        "; this log printed its own budget: `--kv-cache-memory={bytes}` ({} GiB) keeps the KV cache inside the requested memory \
+         (it replaces --gpu-memory-utilization)",
+        gib(g)
+    )
+}
+
+/// The log's own `--kv-cache-memory` figure that fills the card's free memory, when it grows the
+/// KV cache this start-up got (a fix for a pool that was too small).
+fn kv_fills_note(facts: &Facts) -> String {
+    let Some(bytes) = facts.kv_cache_memory.and_then(|k| k.fills_card) else {
+        return String::new();
+    };
+    let g = bytes as f64 / advice::GIB;
+    if facts
+        .startup
+        .breakdown
+        .kv_cache_gib
+        .is_some_and(|kv| g <= kv)
+    {
+        return String::new();
+    }
+    format!(
+        ", or `--kv-cache-memory={bytes}` ({} GiB; the log's own figure for all the memory that was free)",
+        gib(g)
+    )
 }
 
 /// Why a graph-capture OOM on one rank is not the multi-GPU worker limit, and what applies.
