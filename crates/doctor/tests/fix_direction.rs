@@ -142,10 +142,11 @@ fn settings(fix: &str) -> Vec<(String, f64)> {
         }
         for part in span.split_whitespace().collect::<Vec<_>>().windows(2) {
             let (name, value) = (part[0], part[1]);
-            if (name.starts_with('-') || name.starts_with("num_")) && !name.contains('=') {
-                if let Ok(v) = value.parse::<f64>() {
-                    out.push((name.to_owned(), v));
-                }
+            if (name.starts_with('-') || name.starts_with("num_"))
+                && !name.contains('=')
+                && let Ok(v) = value.parse::<f64>()
+            {
+                out.push((name.to_owned(), v));
             }
         }
         for word in span.split_whitespace() {
