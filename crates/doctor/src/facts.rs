@@ -283,6 +283,10 @@ pub struct Facts {
     // vLLM
     pub startup_free: Option<Seen<StartupFree>>,
     pub kv_need: Option<Seen<KvNeed>>,
+    /// "max seq len (L)" of a KV check whose sizes may come on the next line, with its line.
+    pub kv_need_len: Option<(u64, u64)>,
+    /// The out-of-memory came with vLLM's hint that CUDA-graph memory profiling was on.
+    pub graph_profiled: bool,
     pub kv_tokens_short: Option<Seen<KvTokensShort>>,
     pub no_cache_blocks: Option<Seen<()>>,
     pub sampler_warmup: Option<Seen<u64>>,

@@ -54,9 +54,12 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
         let line_no = reader.lines_read();
         match reader.next_line() {
             Ok(Some((n, line))) => {
-                let clean = normalise::strip_ansi(&line).into_owned();
-                head_bytes += clean.len();
-                head.push((n, clean));
+                let mut lines = Vec::new();
+                normalise::physical(&line, &mut lines);
+                for clean in lines {
+                    head_bytes += clean.len();
+                    head.push((n, clean));
+                }
             }
             Ok(None) => {
                 ended = true;
@@ -67,6 +70,7 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
     }
     let width = normalise::learn_width(head.iter().map(|(_, l)| l.as_str()));
     let mut joiner = normalise::Joiner::new(width);
+    let mut physical = Vec::new();
     {
         let mut emit = |n: u64, text: &str| {
             normalise::pieces(text, &mut |piece| rules::scan_line(&mut facts, n, piece));
@@ -77,7 +81,13 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
         while !ended {
             let line_no = reader.lines_read();
             match reader.next_line() {
-                Ok(Some((n, line))) => joiner.push(n, &normalise::strip_ansi(&line), &mut emit),
+                Ok(Some((n, line))) => {
+                    physical.clear();
+                    normalise::physical(&line, &mut physical);
+                    for piece in &physical {
+                        joiner.push(n, piece, &mut emit);
+                    }
+                }
                 Ok(None) => ended = true,
                 Err(source) => return Err(read_error(line_no, source)),
             }

@@ -223,8 +223,46 @@ fn drawn(line: &str) -> bool {
 #[derive(Debug, Default)]
 pub struct Joiner {
     width: Option<usize>,
-    /// The message being joined, and whether its last piece was only a guess at a usual width.
-    pending: Option<(u64, String, bool)>,
+    /// The message being joined, and how its last piece ended.
+    pending: Option<(u64, String, Cut)>,
+}
+
+/// How a piece of a wrapped message ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    /// At the console's learnt width (mid-word: the next piece follows without a space).
+    Width,
+    /// At a usual console width, a guess the next line must confirm by not opening a record.
+    GuessedWidth,
+    /// At a word a sentence cannot end on ("… total capacity of"), the way a person or a
+    /// formatter wraps at word boundaries: the next piece follows after a space.
+    Word,
+}
+
+/// Words no log sentence ends on: a line ending in one was wrapped at a word boundary.
+const DANGLING: [&str; 13] = [
+    " of", " to", " is", " and", " with", " the", " a", " an", " than", " for", " by", " from", ",",
+];
+
+fn ends_dangling(line: &str) -> bool {
+    let t = line.trim_end();
+    DANGLING.iter().any(|d| crate::text::ends(t, d))
+}
+
+/// The part of a continuation line to append: when both the message's first line and this line
+/// carry a per-line prefix (a collector prefixed every physical line), only the text after it.
+fn continuation<'a>(first: &str, next: &'a str) -> &'a str {
+    let has_prefix = |l: &str| prefix(l).body > l.len() - l.trim_start().len();
+    let p = prefix(next).body;
+    if has_prefix(next) && has_prefix(first) {
+        &next[p..]
+    } else {
+        next
+    }
+}
+
+fn indentation(line: &str) -> &str {
+    &line[..line.len() - line.trim_start().len()]
 }
 
 impl Joiner {
@@ -235,38 +273,61 @@ impl Joiner {
         }
     }
 
-    /// Whether `line` is a full-width piece: `Some(false)` at the learnt width, `Some(true)` at a
-    /// usual console width (a guess the next line must confirm), `None` otherwise.
-    fn full(&self, line: &str) -> Option<bool> {
+    /// How `line` ends if it is a piece of a wrapped message, `None` when it is whole.
+    fn cut(&self, line: &str) -> Option<Cut> {
         if drawn(line) {
             return None;
         }
         let w = width(line);
-        match self.width {
-            Some(learnt) => (w == learnt).then_some(false),
-            None => CONSOLE_WIDTHS.contains(&w).then_some(true),
+        let at_width = match self.width {
+            Some(learnt) => (w == learnt).then_some(Cut::Width),
+            None => CONSOLE_WIDTHS.contains(&w).then_some(Cut::GuessedWidth),
+        };
+        at_width.or_else(|| ends_dangling(line).then_some(Cut::Word))
+    }
+
+    /// True when `next` continues the pending message that ended with `cut`.
+    fn continues(cut: Cut, first: &str, next: &str) -> bool {
+        match cut {
+            Cut::Width => true,
+            Cut::GuessedWidth => !opens_record(next),
+            // A word-boundary wrap continues on a line that opens no record, or on one indented
+            // like the message's first line (a quoted block).
+            Cut::Word => {
+                let body = continuation(first, next);
+                let first_body = continuation(next, first);
+                !body.trim().is_empty()
+                    && (!opens_record(body)
+                        || (!indentation(body).is_empty()
+                            && indentation(body) == indentation(first_body)))
+            }
         }
     }
 
     /// Takes the next physical line; calls `emit` with each finished logical line.
     pub fn push(&mut self, line_no: u64, line: &str, emit: &mut impl FnMut(u64, &str)) {
-        let full = self.full(line);
-        if let Some((first, mut text, guess)) = self.pending.take() {
-            if guess && opens_record(line) {
-                emit(first, &text);
-            } else {
-                if text.len() + line.len() <= MAX_JOINED {
-                    text.push_str(line);
+        if let Some((first, mut text, cut)) = self.pending.take() {
+            if Self::continues(cut, &text, line) {
+                let piece = continuation(&text, line);
+                if text.len() + piece.len() <= MAX_JOINED {
+                    if cut == Cut::Word {
+                        text.truncate(text.trim_end().len());
+                        text.push(' ');
+                        text.push_str(piece.trim_start());
+                    } else {
+                        text.push_str(piece);
+                    }
                 }
-                match full {
-                    Some(g) => self.pending = Some((first, text, g)),
+                match self.cut(line) {
+                    Some(c) => self.pending = Some((first, text, c)),
                     None => emit(first, &text),
                 }
                 return;
             }
+            emit(first, &text);
         }
-        match full {
-            Some(g) => self.pending = Some((line_no, line.to_owned(), g)),
+        match self.cut(line) {
+            Some(c) => self.pending = Some((line_no, line.to_owned(), c)),
             None => emit(line_no, line),
         }
     }
@@ -279,24 +340,32 @@ impl Joiner {
     }
 }
 
-/// Splits a logical line into what rules read: the segments between carriage returns, and for a
-/// structured (JSON) line its message, one piece per embedded line.
+/// What one physical line of the log holds once captured colour is gone: the line itself, or for
+/// a structured (JSON) line its message, one piece per line the message embeds. Wrapped messages
+/// are joined after this, so a message a collector wrapped into JSON lines is joined too.
+pub fn physical(line: &str, out: &mut Vec<String>) {
+    let clean = strip_ansi(line);
+    match json_message(&clean) {
+        Some(msg) => {
+            for piece in msg.split('\n') {
+                let piece = piece.trim_end_matches('\r');
+                if !piece.trim().is_empty() {
+                    out.push(strip_ansi(piece).into_owned());
+                }
+            }
+        }
+        None => out.push(clean.into_owned()),
+    }
+}
+
+/// Splits a logical line into what rules read: the segments between carriage returns (progress
+/// bars redraw a line with them).
 pub fn pieces(line: &str, emit: &mut impl FnMut(&str)) {
     for segment in line.split('\r') {
         if segment.trim().is_empty() && line.contains('\r') {
             continue;
         }
-        match json_message(segment) {
-            Some(msg) => {
-                for piece in msg.split('\n') {
-                    let piece = piece.trim_end_matches('\r');
-                    if !piece.trim().is_empty() {
-                        emit(&strip_ansi(piece));
-                    }
-                }
-            }
-            None => emit(segment),
-        }
+        emit(segment);
     }
 }
 
@@ -366,6 +435,10 @@ pub fn prefix(line: &str) -> Prefix {
         if let Some((n, id)) = stage_tag(rest.as_bytes()) {
             stage = stage.or(Some(id));
             pos = skip_separator(b, pos + n);
+            continue;
+        }
+        if let Some(q) = rest.strip_prefix("> ") {
+            pos += rest.len() - q.len();
             continue;
         }
         let found = iso_timestamp(rest.as_bytes())
@@ -806,6 +879,12 @@ mod tests {
             "| 0 x |"
         );
         assert_eq!(body("ERROR:root:CUDA out of memory"), "CUDA out of memory");
+        assert_eq!(
+            body(
+                "> 2026-09-02T20:18:44.0930119Z (EngineCore pid=1568) DEBUG 09-02 20:12:08 [v1/worker/gpu_worker.py:548] Initial"
+            ),
+            "Initial"
+        );
         let p = prefix(
             "(Worker pid=2642) [Stage-1] INFO 02-26 07:43:01 [gpu_model_runner.py:4221] Model loading took 8.5 GiB",
         );
@@ -856,6 +935,37 @@ mod tests {
         assert_eq!(joined[0], (1, format!("{long}a")));
         assert_eq!(joined[1].0, 4);
         assert_eq!(joined[2].1, "short line");
+        // A person's wrap at a word boundary, in a quoted (indented) block.
+        let quoted = [
+            "    Tried to allocate 136.00 MiB. GPU 0 has a total capacity of 22.36 GiB of",
+            "    which 120.88 MiB is free. ... If this problem persists, try setting",
+            "    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0",
+        ];
+        let mut out = Vec::new();
+        let mut j = Joiner::new(None);
+        for (i, l) in quoted.iter().enumerate() {
+            j.push(i as u64 + 1, l, &mut |n, t| out.push((n, t.to_owned())));
+        }
+        j.finish(&mut |n, t| out.push((n, t.to_owned())));
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(
+            out[0].1.contains("22.36 GiB of which 120.88 MiB is free"),
+            "{out:?}"
+        );
+        // A traceback's lines are never joined by a trailing comma or word.
+        let tb = [
+            "Traceback (most recent call last):",
+            "  File \"x.py\", line 1, in f",
+            "    g(a,",
+            "RuntimeError: boom",
+        ];
+        let mut out = Vec::new();
+        let mut j = Joiner::new(None);
+        for (i, l) in tb.iter().enumerate() {
+            j.push(i as u64 + 1, l, &mut |n, t| out.push((n, t.to_owned())));
+        }
+        j.finish(&mut |n, t| out.push((n, t.to_owned())));
+        assert_eq!(out.len(), 4, "{out:?}");
     }
 
     #[test]
@@ -874,5 +984,8 @@ mod tests {
         let mut got = Vec::new();
         pieces("a\rb\rc", &mut |p| got.push(p.to_owned()));
         assert_eq!(got, ["a", "b", "c"]);
+        let mut out = Vec::new();
+        physical(r#"{"log":"line one\nline two\n"}"#, &mut out);
+        assert_eq!(out, ["line one", "line two"]);
     }
 }

@@ -137,7 +137,8 @@ fn budget_too_small(cause: Cause) -> bool {
 fn settings(fix: &str) -> Vec<(String, f64)> {
     let mut out = Vec::new();
     for (i, span) in fix.split('`').enumerate() {
-        if i % 2 == 0 {
+        // Even pieces are prose; a `headroom …` span is a command to run for figures, not a setting.
+        if i % 2 == 0 || span.starts_with("headroom ") {
             continue;
         }
         for part in span.split_whitespace().collect::<Vec<_>>().windows(2) {

@@ -28,6 +28,18 @@ fn fixtures() -> Vec<(String, String)> {
         .collect()
 }
 
+/// True when the fixture's expectation says a console already wrapped it (`console_wrapped`).
+fn console_wrapped(log_name: &str) -> bool {
+    let stem = log_name.trim_end_matches(".log");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/logs/expected")
+        .join(format!("{stem}.json"));
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .is_some_and(|v| v.get("console_wrapped").is_some())
+}
+
 fn each_line(text: &str, f: impl Fn(&str) -> String) -> String {
     let body = text.strip_suffix('\n').unwrap_or(text);
     let mut out: Vec<String> = body.split('\n').map(f).collect();
@@ -135,7 +147,13 @@ fn every_fixture_keeps_its_diagnosis_under_every_transformation() {
     for (name, text) in fixtures() {
         let base = diagnose_str(&text);
         let want = signature(&base);
+        let wrapped_already = console_wrapped(&name);
         for (what, transform) in TRANSFORMS {
+            // A log a console already wrapped is itself the wrapping case: wrapping it again at
+            // another width makes a doubly-wrapped log no console produces.
+            if wrapped_already && what.starts_with("wrapped") {
+                continue;
+            }
             let got_d = diagnose_str(&transform(&text));
             let got = signature(&got_d);
             checked += 1;

@@ -23,6 +23,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u32) -> Option<
     if groups & gate::CONFIG != 0 {
         config(facts, line);
     }
+    if has(line, "Capture cuda graph end") || has(line, "Graph capturing finished") {
+        // Capture is over: a later failure belongs to whatever runs next.
+        facts.last_phase = None;
+    }
     if groups & gate::PHASE == 0 {
         return None;
     }
@@ -234,8 +238,13 @@ fn model_name(line: &str) -> Option<String> {
 }
 
 fn phase_marker(line: &str) -> Option<Phase> {
-    const MARKERS: [(&str, Phase); 24] = [
+    const MARKERS: [(&str, Phase); 31] = [
         ("_dummy_sampler_run", Phase::SamplerWarmup),
+        ("dummy_sampler", Phase::SamplerWarmup),
+        ("dummy_metadata", Phase::SamplerWarmup),
+        ("Capture cuda graph", Phase::GraphCapture),
+        ("init_cuda_graphs", Phase::GraphCapture),
+        ("cuda_graph_runner", Phase::GraphCapture),
         ("warming up sampler", Phase::SamplerWarmup),
         ("capture_model", Phase::GraphCapture),
         ("capture_end", Phase::GraphCapture),
@@ -255,6 +264,8 @@ fn phase_marker(line: &str) -> Option<Phase> {
         ("from_pretrained", Phase::LoadWeights),
         ("model.to(device)", Phase::LoadWeights),
         ("Error in model execution", Phase::Request),
+        ("EngineDeadError", Phase::Request),
+        ("serving_chat", Phase::Request),
         ("execute_model", Phase::Request),
         ("Request failed during generation", Phase::Request),
         ("generate_with_fallback", Phase::Request),

@@ -82,6 +82,17 @@ const RULE_KEYWORDS: &[(&str, u32)] = &[
     ("Free memory on device", VLLM),
     ("Desired GPU memory", VLLM),
     ("KV cache is needed", VLLM),
+    ("To serve at least one request", VLLM),
+    ("estimated maximum model length", VLLM),
+    ("non-torch forward increase memory", VLLM),
+    ("Requested memory:", VLLM),
+    ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", VLLM | STARTUP26),
+    ("dummy_sampler", PHASE),
+    ("EngineDeadError", PHASE),
+    ("serving_chat", PHASE),
+    ("dummy_metadata", PHASE),
+    ("init_cuda_graphs", PHASE),
+    ("cuda_graph_runner", PHASE),
     ("stored in KV cache", VLLM),
     ("GPU KV cache size", VLLM),
     ("CPU KV cache size", VLLM),
@@ -318,7 +329,7 @@ fn gate() -> &'static Gate {
         // that matches everything (every line goes through the rules) rather than panic.
         let built = AhoCorasick::builder()
             .kind(Some(AhoCorasickKind::DFA))
-            .match_kind(MatchKind::LeftmostLongest)
+            .match_kind(MatchKind::Standard)
             .ascii_case_insensitive(true)
             .build(&patterns);
         match built.or_else(|_| AhoCorasick::new(&patterns)) {
@@ -389,7 +400,9 @@ pub fn scan(line: &str) -> Hits {
     if line.trim_end().ends_with('|') {
         hits.groups |= GPU | EXTRA;
     }
-    for m in g.automaton.find_iter(line) {
+    // Overlapping: a keyword must not hide an engine marker that starts where it starts
+    // (`ggml_vulkan` is both a platform keyword and a ggml marker).
+    for m in g.automaton.find_overlapping_iter(line) {
         let id = m.pattern().as_usize();
         if id < g.engines {
             hits.engines[engine_slot(ENGINE_MARKERS[id].1)] = true;

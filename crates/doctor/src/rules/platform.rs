@@ -12,7 +12,7 @@ use crate::parse::{leading_number, size_after};
 use crate::text::{find, has};
 
 /// Substrings that name a platform, most specific first.
-const PLATFORM_MARKERS: [(&str, Platform); 22] = [
+const PLATFORM_MARKERS: [(&str, Platform); 24] = [
     ("MPS backend", Platform::Mps),
     ("PYTORCH_MPS_", Platform::Mps),
     ("torch.mps", Platform::Mps),
@@ -31,6 +31,8 @@ const PLATFORM_MARKERS: [(&str, Platform); 22] = [
     ("HIP out of memory", Platform::Rocm),
     ("hipErrorOutOfMemory", Platform::Rocm),
     ("hipMalloc", Platform::Rocm),
+    ("ROCm0", Platform::Rocm),
+    ("ROCm_Host", Platform::Rocm),
     ("CUDA out of memory", Platform::Cuda),
     ("cudaMalloc", Platform::Cuda),
     ("CUDA error", Platform::Cuda),

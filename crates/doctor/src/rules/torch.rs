@@ -316,6 +316,22 @@ fn torch_findings(
         None => {}
     }
 
+    if facts.platform == Some(crate::finding::Platform::Xpu)
+        && oom.request >= XPU_SINGLE_ALLOCATION_GIB
+        && oom.free.is_none_or(|f| f >= oom.request)
+    {
+        out.push(base(Cause::ActivationPeak, 0.92, oom, &acc, lines).fix(format!(
+            "one allocation of {} GiB on an Intel GPU{}: Level Zero caps a single allocation (maxMemAllocSize, about {XPU_SINGLE_ALLOCATION_GIB} GiB on \
+             many cards) below the card's memory; set `UR_L0_USE_RELAXED_ALLOCATION_LIMITS=1` in the environment, or make the step that asks \
+             for it smaller ({})",
+            gib(oom.request),
+            oom.free
+                .map(|f| format!(" with {} GiB free", gib(f)))
+                .unwrap_or_default(),
+            knobs.batch
+        )));
+    }
+
     if total > 0.0 && oom.request > total {
         out.push(base(Cause::ActivationPeak, 0.95, oom, &acc, lines).fix(format!(
             "one allocation of {} GiB is {:.1}× the whole {} GiB GPU: no memory setting fits it; shrink the step that makes it (input size, {}), \
@@ -324,7 +340,12 @@ fn torch_findings(
             oom.request / total,
             gib(total),
             knobs.batch
-        )));
+        ) + if facts.platform == Some(crate::finding::Platform::Rocm) {
+            "; on a ROCm APU (Strix Halo, gfx1151) the capacity PyTorch reports can be far below the VRAM/GTT the BIOS and kernel give the GPU: \
+             compare it with `rocm-smi --showmeminfo vram` before shrinking the step"
+        } else {
+            ""
+        }));
     }
 
     if let Some(held) = acc.held_elsewhere.filter(|h| *h >= 0.5) {
@@ -391,7 +412,14 @@ fn torch_findings(
     match fragmentation_verdict(oom.request, unalloc, free) {
         FragmentationVerdict::CachedExceedsRequest => {
             let ratio = unalloc / oom.request;
-            out.push(base(Cause::Fragmentation, 0.7 + 0.2 * ((ratio - 1.0) / 4.0).clamp(0.0, 1.0), oom, &acc, lines).fix(format!(
+            // When other processes hold more than the cached-but-unallocated memory, they are the
+            // larger explanation of a full card and rank first.
+            let ceiling = match acc.held_elsewhere {
+                Some(h) if h >= 0.5 && h > unalloc && !not_short => 0.6,
+                _ => 1.0,
+            };
+            let likelihood = (0.7 + 0.2 * ((ratio - 1.0) / 4.0).clamp(0.0, 1.0)).min(ceiling);
+            out.push(base(Cause::Fragmentation, likelihood, oom, &acc, lines).fix(format!(
                 "the request needs {}; {} is reserved but unallocated: set `PYTORCH_ALLOC_CONF=expandable_segments:True` \
                  (`PYTORCH_CUDA_ALLOC_CONF` before PyTorch 2.6) so cached segments can grow instead of splitting{}",
                 size(oom.request),
@@ -413,6 +441,7 @@ fn torch_findings(
     let rank = oom.worker_rank.filter(|r| *r > 0);
     if (oom.device.is_some_and(|d| d > 0) || rank.is_some())
         && oom.phase != Some(Phase::GraphCapture)
+        && !not_short
     {
         let who = match (rank, oom.device) {
             (Some(r), Some(d)) => format!("worker rank {r} on GPU {d}"),
@@ -469,6 +498,14 @@ fn budget_fix(facts: &Facts, drop: Option<f64>, shortfall: f64) -> String {
         (Some(Engine::Sglang), Some(d)) => {
             lowered("--mem-fraction-static", facts.sglang.mem_fraction_static, d)
         }
+        (Some(Engine::Sglang), None) => {
+            "a lower `--mem-fraction-static` (the card's total is not in this log to size it)"
+                .into()
+        }
+        (Some(Engine::Vllm), None) => {
+            "a lower `--gpu-memory-utilization` (the card's total is not in this log to size it)"
+                .into()
+        }
         _ => format!("free {} on the device", size(shortfall.max(0.0))),
     }
 }
@@ -510,9 +547,10 @@ fn graph_capture_advice(
         .utilization
         .or(facts.utilization_config)
         .or(facts.graph_profiling.map(|g| g.utilization));
-    if let Some(e) = estimate.filter(|_| {
-        facts.graph_profiling.is_some() || facts.startup.cuda_graph_estimate_gib.is_some()
-    }) {
+    let profiled = facts.graph_profiled
+        || facts.graph_profiling.is_some()
+        || facts.startup.cuda_graph_estimate_gib.is_some();
+    if profiled {
         let new_util = match (util, total) {
             (Some(u), Some(t)) if t > 0.0 => {
                 headroom_plan::advice::utilization_drop_for(shortfall.max(1.0 / 1024.0), t)
@@ -523,8 +561,10 @@ fn graph_capture_advice(
         };
         return (
             format!(
-                "this vLLM counted an estimate of {} GiB for CUDA graphs inside its budget, and the real capture (after the KV pool was allocated) took {} more: {budget_fix} covers it, or capture fewer sizes (`--max-num-seqs`, `--cudagraph-capture-sizes`), or `--enforce-eager`",
-                gib(e),
+                "this vLLM counted an estimate{} for CUDA graphs inside its budget, and the real capture (after the KV pool was allocated) took {} more: {budget_fix} covers it, or capture fewer sizes (`--max-num-seqs`, `--cudagraph-capture-sizes`), or `--enforce-eager`",
+                estimate
+                    .map(|e| format!(" of {} GiB", gib(e)))
+                    .unwrap_or_default(),
                 size(shortfall)
             ),
             new_util,
@@ -559,6 +599,23 @@ fn graph_capture_advice(
     )
 }
 
+/// The tool that shows a device's memory on each platform.
+fn memory_report(platform: Option<crate::finding::Platform>) -> &'static str {
+    use crate::finding::Platform;
+    match platform {
+        Some(Platform::Rocm) => "`rocm-smi --showmeminfo vram`",
+        Some(Platform::Xpu) => "`xpu-smi stats`",
+        Some(Platform::Mps) | Some(Platform::Metal) => {
+            "Activity Monitor's memory pressure (the GPU shares the Mac's memory)"
+        }
+        Some(Platform::Vulkan) => "the driver's memory report (`vulkaninfo --summary`, `nvtop`)",
+        _ => "`nvidia-smi`",
+    }
+}
+
+/// Intel GPUs' usual cap on one allocation (Level Zero `maxMemAllocSize`), in GiB.
+const XPU_SINGLE_ALLOCATION_GIB: f64 = 4.0;
+
 /// Room vLLM's own log message says CUDA graphs take per GPU at most ("1~3 GiB").
 const GRAPH_ROOM_GIB: f64 = 3.0;
 
@@ -572,7 +629,10 @@ pub fn sizeless_findings(
     out: &mut Vec<Finding>,
 ) {
     let knobs = facts.knobs();
-    let missing = "the message carries no sizes: the request, the free memory and the card total are missing (`nvidia-smi` at the time, or the PyTorch OOM line if the log has one)";
+    let missing = format!(
+        "the message carries no sizes: the request, the free memory and the card total are missing ({} at the time, or the PyTorch OOM line if the log has one)",
+        memory_report(facts.platform)
+    );
     let (cause, likelihood, advice) = match phase {
         Some(Phase::LoadWeights) => (
             Cause::WeightsDoNotFit,

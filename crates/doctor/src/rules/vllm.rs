@@ -37,18 +37,25 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         }
         return true;
     }
-    if has(
-        line,
-        "KV cache is needed, which is larger than the available KV cache memory",
-    ) {
-        let max_len = int_after(line, "max seq len (");
-        let need = find(line, "max seq len (")
-            .and_then(|at| find(&line[at..], "), (").map(|p| at + p + 4))
-            .and_then(|at| leading_size(&line[at..]).map(|(v, _)| v));
+    if has(line, "max seq len (") && has(line, "To serve at least one request") {
+        // The length the check was made for; the sizes may follow on this line or the next.
+        facts.kv_need_len = int_after(line, "max seq len (").map(|n| (n, line_no));
+    }
+    if has(line, "KV cache is needed") && has(line, "available KV cache memory") {
+        // "… max seq len (L), (X GiB KV cache is needed, which is larger than the available KV
+        // cache memory (Y GiB)", older and newer wordings (with or without the parenthesis).
+        let max_len = int_after(line, "max seq len (").or_else(|| {
+            facts
+                .kv_need_len
+                .filter(|(_, at)| line_no.saturating_sub(*at) <= 2)
+                .map(|(n, _)| n)
+        });
+        let need = size_before(line, " KV cache is needed");
         let available = size_after(line, "available KV cache memory (");
         if let (Some(max_model_len), Some(need), Some(available)) = (max_len, need, available) {
             let estimated_max_len = int_after(line, "estimated maximum model length is ");
             facts.saw_engine(Engine::Vllm);
+            facts.saw_oom(line_no);
             record(
                 &mut facts.kv_need,
                 KvNeed {
@@ -61,6 +68,17 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
             );
             return true;
         }
+    }
+    if has(line, "estimated maximum model length is")
+        && let Some(seen) = facts.kv_need.as_mut()
+        && seen.value.estimated_max_len.is_none()
+        && seen
+            .lines
+            .last()
+            .is_some_and(|l| line_no.saturating_sub(*l) <= 2)
+    {
+        seen.value.estimated_max_len = int_after(line, "estimated maximum model length is ");
+        return true;
     }
     if has(
         line,
@@ -338,6 +356,23 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
                 &mut b.cuda_graph_gib,
                 size_before(line, " for CUDAGraph").or_else(|| size_before(line, " graph memory")),
             );
+        }
+        // V1's debug summary: "Memory profiling takes N seconds. Total non KV cache memory: X;
+        // torch peak memory increase: A; non-torch forward increase memory: N; weights memory: W."
+        if has(line, "non-torch forward increase memory") {
+            hit |= set(
+                &mut b.non_torch_gib,
+                size_after(line, "non-torch forward increase memory:"),
+            );
+            hit |= set(
+                &mut b.activation_peak_gib,
+                size_after(line, "torch peak memory increase:"),
+            );
+            hit |= set(&mut b.weights_gib, size_after(line, "weights memory:"));
+        }
+        if has(line, "Requested memory:") && has(line, "(util)") {
+            hit |= set(&mut b.utilization, number_after(line, "Requested memory:"));
+            hit |= set(&mut b.budget_gib, size_after(line, "(util),"));
         }
         if has(line, "kv cache memory in use is") {
             hit |= set(

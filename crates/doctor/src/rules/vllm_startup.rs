@@ -25,6 +25,20 @@ const NON_TORCH_PLAUSIBLE_GIB: f64 = 4.0;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let mut hit = false;
+    if has(line, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS")
+        && let Some(seen) = facts.torch_oom.as_mut()
+        && seen
+            .lines
+            .last()
+            .is_some_and(|l| line_no.saturating_sub(*l) <= 2)
+    {
+        // vLLM's capture-time hint: this out-of-memory came from CUDA-graph capture while graph
+        // memory profiling was on.
+        seen.value.phase = Some(crate::facts::Phase::GraphCapture);
+        facts.graph_profiled = true;
+        facts.saw_engine(Engine::Vllm);
+        hit = true;
+    }
     if has(line, "Error in memory profiling") {
         let initial = gib_figure(line, "Initial free memory");
         let current = gib_figure(line, "current free memory");
@@ -188,19 +202,26 @@ fn charged_cotenant_finding(facts: &Facts, out: &mut Vec<Finding>) {
         || facts.kv_need.is_some()
         || b.gpu_blocks == Some(0)
         || b.kv_cache_gib.is_some_and(|k| k <= 0.0);
-    if non_torch <= limit || !kv_failed {
+    if non_torch <= limit {
         return;
     }
     out.push(
-        Finding::new(Cause::OtherProcessHoldsMemory, 0.95)
+        Finding::new(
+            Cause::OtherProcessHoldsMemory,
+            if kv_failed { 0.95 } else { 0.7 },
+        )
             .num("non_torch_gib", Some(non_torch))
             .num("total_gib", b.total_gib)
             .fix(format!(
                 "{} GiB of \"non-torch\" memory during profiling is far above what one process's CUDA context, NCCL and kernels take \
-                 (a few GiB): memory another process allocated while this vLLM profiled (a second instance starting at the same time) \
-                 was charged to this one and left its KV cache nothing. Start instances one after the other (`headroom up` does), \
-                 or give each a fixed budget with {}",
+                 (a few GiB): memory another process allocated while this vLLM profiled (a second instance starting or waking at the same \
+                 time) was charged to this one, {}. Start instances one after the other (`headroom up` does), or give each a fixed budget with {}",
                 gib(non_torch),
+                if kv_failed {
+                    "and left its KV cache nothing"
+                } else {
+                    "and its KV cache was sized that much smaller"
+                },
                 budget_flag(facts)
             ))
             .lines(facts.startup.evidence_lines.iter().copied()),
