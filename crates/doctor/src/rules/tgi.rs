@@ -134,22 +134,20 @@ fn total_tokens_finding(facts: &Facts, out: &mut Vec<Finding>) {
     let half = (total / 2).max(1);
     let mut fix = format!(
         "TGI's warm-up could not fit a KV pool of {} total tokens (`--max-batch-total-tokens`) beside one prefill of {} tokens: \
-         `--max-batch-total-tokens {}` (half; the log has no sizes to compute the exact count), or leave it unset so the warm-up \
+         `--max-batch-total-tokens {half}` (half; the log has no sizes to compute the exact count), or leave it unset so the warm-up \
          sizes the pool from what is left (TGI ≥ 1.0)",
         crate::rules::count(total),
         prefill
             .map(crate::rules::count)
             .unwrap_or_else(|| "?".into()),
-        crate::rules::count(half)
     );
     if let Some(t) = c.max_total_tokens.filter(|t| *t > half) {
         fix.push_str(&format!(
-            "; one request may hold `--max-total-tokens` {} tokens, more than that pool: lower it to {} as well",
-            crate::rules::count(t),
-            crate::rules::count(half)
+            "; one request may hold `--max-total-tokens` {} tokens, more than that pool: `--max-total-tokens {half}` as well",
+            crate::rules::count(t)
         ));
     }
-    fix.push_str("; do not raise `--max-batch-prefill-tokens`: the prefill was not what ran out");
+    fix.push_str("; leave the prefill limit as it is: the prefill was not what ran out");
     out.push(
         Finding::new(Cause::KvCacheTooSmall, 0.97)
             .count("max_batch_total_tokens", Some(total))
