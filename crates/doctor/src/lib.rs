@@ -82,10 +82,16 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
             let line_no = reader.lines_read();
             match reader.next_line() {
                 Ok(Some((n, line))) => {
-                    physical.clear();
-                    normalise::physical(&line, &mut physical);
-                    for piece in &physical {
-                        joiner.push(n, piece, &mut emit);
+                    let clean = normalise::strip_ansi(&line);
+                    if clean.trim_start().starts_with('{') {
+                        physical.clear();
+                        normalise::physical(&clean, &mut physical);
+                        for piece in &physical {
+                            joiner.push(n, piece, &mut emit);
+                        }
+                    } else {
+                        // The common case: no structured line, no copy.
+                        joiner.push(n, &clean, &mut emit);
                     }
                 }
                 Ok(None) => ended = true,
