@@ -33,6 +33,17 @@ fn doctor_json(path: &Path) -> Value {
         .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
+/// Every fixture log under `dir`, sorted.
+fn fixture_logs(dir: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    logs
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 + 1e-9 * b.abs()
 }
@@ -129,12 +140,7 @@ fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
 #[test]
 fn every_fixture_matches_its_expected_diagnosis() {
     let dir = logs_dir();
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
+    let logs = fixture_logs(&dir);
     assert!(logs.len() >= 25, "only {} fixtures", logs.len());
     let sources = std::fs::read_to_string(dir.join("SOURCES.md")).unwrap();
     let mut problems = Vec::new();
@@ -428,12 +434,7 @@ fn plans_the_logged_settings_and_compares_them() {
 fn first_cause_accuracy_per_engine_and_platform() {
     use std::collections::BTreeMap;
     let dir = logs_dir();
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
+    let logs = fixture_logs(&dir);
     // (group, set) → (right, total)
     let mut tally: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
     let mut misses = Vec::new();

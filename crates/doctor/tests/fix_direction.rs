@@ -12,27 +12,10 @@
 //!
 //! The values the log states are read here with this test's own small parser, not the doctor's.
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::fixtures;
 use headroom_doctor::{Cause, Diagnosis, Engine, diagnose_str};
-
-fn fixtures() -> Vec<(String, String)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/logs");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/data/logs")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    paths.sort();
-    paths
-        .into_iter()
-        .map(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            let text = String::from_utf8_lossy(&std::fs::read(&p).unwrap()).into_owned();
-            (name, text)
-        })
-        .collect()
-}
 
 /// The number right after `key` (spaces, `(`, `Some(` and `:` skipped).
 fn number_after(text: &str, key: &str) -> Vec<f64> {

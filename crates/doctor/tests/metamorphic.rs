@@ -5,34 +5,16 @@
 //! Docker's JSON log lines. "Keeps its diagnosis" means the same causes in the same order, the
 //! same numbers in the first finding, and the same fix text (letter case aside).
 
-use std::path::{Path, PathBuf};
+mod common;
 
+use common::fixtures;
 use headroom_doctor::{Diagnosis, diagnose_str};
-
-fn fixtures() -> Vec<(String, String)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/logs");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("tests/data/logs")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 50, "only {} fixtures", paths.len());
-    paths
-        .into_iter()
-        .map(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            let bytes = std::fs::read(&p).unwrap();
-            (name, String::from_utf8_lossy(&bytes).into_owned())
-        })
-        .collect()
-}
 
 /// True when the fixture's expectation says a console already wrapped it (`console_wrapped`).
 fn console_wrapped(log_name: &str) -> bool {
     let stem = log_name.trim_end_matches(".log");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data/logs/expected")
+    let path = common::logs_dir()
+        .join("expected")
         .join(format!("{stem}.json"));
     std::fs::read_to_string(path)
         .ok()
