@@ -67,15 +67,20 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     let log_path = log;
     let diagnosis = if log_path.as_os_str() == "-" {
-        headroom_doctor::diagnose(io::stdin().lock()).context("reading standard input")?
+        read_log(
+            headroom_doctor::diagnose(io::stdin().lock()),
+            "standard input",
+        )?
     } else {
         let file =
             File::open(&log_path).with_context(|| format!("cannot open {}", log_path.display()))?;
         if file.metadata().map(|m| m.is_dir()).unwrap_or(false) {
             anyhow::bail!("{} is a directory, not a log file", log_path.display());
         }
-        headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file))
-            .with_context(|| format!("reading {}", log_path.display()))?
+        read_log(
+            headroom_doctor::diagnose(BufReader::with_capacity(1 << 16, file)),
+            &log_path.display().to_string(),
+        )?
     };
     let (comparison, plan_note) = compare(&diagnosis, &args)?;
     let checks = fix_checks(&diagnosis, &args)?;
@@ -87,7 +92,12 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             &checks,
         )?,
         Format::Table => {
-            let mut t = table(&diagnosis, &log_path.display().to_string(), &checks);
+            let mut t = table(
+                &diagnosis,
+                &log_path.display().to_string(),
+                &checks,
+                Paint::for_stdout(),
+            );
             if let Some(rows) = &comparison {
                 t.push_str(&comparison_table(rows));
             }
@@ -99,6 +109,60 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     super::pipe::emit(&text).context("writing the report")?;
     Ok(exit_code(&diagnosis))
+}
+
+/// ANSI styling for the table, on when `--color always` asks for it or `--color auto` writes to a
+/// terminal (and `NO_COLOR` is unset); JSON is never styled.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Paint(bool);
+
+impl Paint {
+    pub(super) fn for_stdout() -> Paint {
+        use std::io::IsTerminal;
+        Paint(match super::ColorWhen::from_args(std::env::args_os()) {
+            super::ColorWhen::Always => true,
+            super::ColorWhen::Never => false,
+            super::ColorWhen::Auto => std::io::stdout().is_terminal(),
+        })
+    }
+
+    fn wrap(self, code: &str, text: &str) -> String {
+        if self.0 {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
+    }
+
+    /// The cause (bold red) or a secondary finding (yellow).
+    pub(super) fn cause(self, text: &str, first: bool) -> String {
+        self.wrap(if first { "1;31" } else { "33" }, text)
+    }
+
+    /// A label in front of the fix (bold green).
+    pub(super) fn fix(self, text: &str) -> String {
+        self.wrap("1;32", text)
+    }
+
+    /// Less important text (dim).
+    pub(super) fn dim(self, text: &str) -> String {
+        self.wrap("2", text)
+    }
+}
+
+/// The diagnosis, or one line saying why `source` could not be read (input that is not text is
+/// named as such: an executable or an archive given by mistake is not a log).
+fn read_log(
+    result: Result<Diagnosis, headroom_doctor::DoctorError>,
+    source: &str,
+) -> anyhow::Result<Diagnosis> {
+    match result {
+        Ok(d) => Ok(d),
+        Err(headroom_doctor::DoctorError::NotText(why)) => anyhow::bail!(
+            "{source} is not a text log: {why}; `headroom doctor` reads an engine's log (a file, or `-` for standard input)"
+        ),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("reading {source}"))),
+    }
 }
 
 /// With `--model`: each finding's vLLM flag change planned again (see [`super::replan`]).
@@ -213,7 +277,7 @@ fn json(
     Ok(s)
 }
 
-fn table(d: &Diagnosis, source: &str, checks: &[Option<String>]) -> String {
+fn table(d: &Diagnosis, source: &str, checks: &[Option<String>], paint: Paint) -> String {
     let mut s = String::new();
     let engine = d
         .engine
@@ -225,6 +289,9 @@ fn table(d: &Diagnosis, source: &str, checks: &[Option<String>]) -> String {
     ));
     if let Some(gpu) = &d.gpu_name {
         s.push_str(&format!(", GPU {gpu}"));
+    }
+    if let Some(p) = d.platform {
+        s.push_str(&format!(", platform {}", p.as_str()));
     }
     if d.truncated_lines > 0 {
         s.push_str(&format!(
@@ -243,9 +310,12 @@ fn table(d: &Diagnosis, source: &str, checks: &[Option<String>]) -> String {
         }
     }
     for (i, f) in d.findings.iter().enumerate() {
-        s.push_str(&format!("\n{}. {}\n", i + 1, f.cause.as_str()));
+        s.push_str(&format!(
+            "\n{}\n",
+            paint.cause(&format!("{}. {}", i + 1, f.cause.as_str()), i == 0)
+        ));
         if let Some(why) = d.secondary_reason(i) {
-            s.push_str(&format!("   {why}\n"));
+            s.push_str(&format!("   {}\n", paint.dim(&why)));
         }
         if !f.numbers.is_empty() {
             let nums: Vec<String> = f
@@ -255,12 +325,15 @@ fn table(d: &Diagnosis, source: &str, checks: &[Option<String>]) -> String {
                 .collect();
             s.push_str(&format!("   numbers:  {}\n", nums.join("  ")));
         }
-        s.push_str(&format!("   fix:      {}\n", f.fix));
+        s.push_str(&format!("   {}      {}\n", paint.fix("fix:"), f.fix));
         if let Some(Some(check)) = checks.get(i) {
             s.push_str(&format!("   checked:  {check}\n"));
         }
         let lines: Vec<String> = f.evidence_lines.iter().map(u64::to_string).collect();
-        s.push_str(&format!("   evidence: line {}\n", lines.join(", ")));
+        s.push_str(&format!(
+            "   {}\n",
+            paint.dim(&format!("evidence: line {}", lines.join(", ")))
+        ));
     }
     if let Some(startup) = &d.startup {
         s.push_str(&breakdown(startup));

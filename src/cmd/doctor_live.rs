@@ -158,6 +158,7 @@ pub fn run(
 }
 
 fn table(endpoints: &[Endpoint]) -> String {
+    let paint = super::doctor::Paint::for_stdout();
     let mut s = String::new();
     for e in endpoints {
         let d = &e.diagnosis;
@@ -169,22 +170,23 @@ fn table(endpoints: &[Endpoint]) -> String {
             d.verdict()
         ));
         for (i, f) in d.findings.iter().enumerate() {
-            s.push_str(&format!(
-                "\n{}. {}{}\n",
+            let head = format!(
+                "{}. {}{}",
                 i + 1,
                 f.cause.as_str(),
                 f.lane
                     .as_deref()
                     .map(|l| format!(" (lane {l})"))
                     .unwrap_or_default()
-            ));
+            );
+            s.push_str(&format!("\n{}\n", paint.cause(&head, i == 0)));
             let nums: Vec<String> = f
                 .numbers
                 .iter()
                 .map(|(k, v)| format!("{k}={}", short(*v)))
                 .collect();
             s.push_str(&format!("   figures:  {}\n", nums.join("  ")));
-            s.push_str(&format!("   fix:      {}\n", f.fix));
+            s.push_str(&format!("   {}      {}\n", paint.fix("fix:"), f.fix));
         }
         if !d.figures.is_empty() {
             let figs: Vec<String> = d

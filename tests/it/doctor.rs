@@ -33,6 +33,17 @@ fn doctor_json(path: &Path) -> Value {
         .unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
+/// Every fixture log under `dir`, sorted.
+fn fixture_logs(dir: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    logs.sort();
+    logs
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 + 1e-9 * b.abs()
 }
@@ -53,8 +64,17 @@ fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
         .iter()
         .filter_map(Value::as_str)
         .collect();
-    if causes != want {
-        problems.push(format!("{name}: causes {causes:?}, expected {want:?}"));
+    match expected.get("known_miss").and_then(Value::as_str) {
+        // A documented miss: the doctor's reading is wrong today and counts as a miss in the
+        // accuracy table; once it reads the log right, the note must go.
+        Some(_) if causes == want => problems.push(format!(
+            "{name}: reads right now ({causes:?}); remove its known_miss note"
+        )),
+        Some(_) => {}
+        None if causes != want => {
+            problems.push(format!("{name}: causes {causes:?}, expected {want:?}"))
+        }
+        None => {}
     }
     for f in &findings {
         for key in ["cause", "numbers", "fix", "evidence_lines"] {
@@ -65,6 +85,9 @@ fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
         if f["evidence_lines"].as_array().is_none_or(|l| l.is_empty()) {
             problems.push(format!("{name}: a finding has no evidence lines"));
         }
+    }
+    if expected.get("known_miss").is_some() {
+        return problems;
     }
     if want.is_empty() {
         if got["verdict"] != "no memory problem recognised" {
@@ -117,12 +140,7 @@ fn check_fixture(log: &Path, expected: &Value) -> Vec<String> {
 #[test]
 fn every_fixture_matches_its_expected_diagnosis() {
     let dir = logs_dir();
-    let mut logs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-        .collect();
-    logs.sort();
+    let logs = fixture_logs(&dir);
     assert!(logs.len() >= 25, "only {} fixtures", logs.len());
     let sources = std::fs::read_to_string(dir.join("SOURCES.md")).unwrap();
     let mut problems = Vec::new();
@@ -188,6 +206,44 @@ fn missing_file_and_directory_are_bad_input() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_file_that_is_not_text_is_refused_in_one_line() {
+    // The headroom binary itself, the mistake seen in the field (`doctor target/release/headroom`).
+    let exe = env!("CARGO_BIN_EXE_headroom");
+    for args in [vec!["doctor", exe], vec!["doctor", "--format", "json", exe]] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(out.stdout.is_empty(), "nothing on stdout for bad input");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.starts_with("headroom: "), "{err}");
+        assert!(err.contains("is not a text log: binary data"), "{err}");
+    }
+    // UTF-16 (a Windows redirect) is named as such, also on standard input.
+    let utf16: Vec<u8> = "\u{feff}INFO starting\r\nERROR CUDA out of memory\r\n"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    let mut child = bin()
+        .args(["doctor", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(&utf16).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("standard input is not a text log: it is UTF-16"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -368,4 +424,81 @@ fn plans_the_logged_settings_and_compares_them() {
     assert!(rel("kv_cache_gib").abs() < 0.08, "{}", rel("kv_cache_gib"));
     assert!(rel("kv_tokens").abs() < 0.08);
     assert!(rel("max_concurrency").abs() < 0.08);
+}
+
+/// First-cause accuracy over every fixture, per engine and per platform (the labels in each
+/// `expected` JSON, written by hand), for the older set and the 2025–2026 set. The table is
+/// printed and must match the one in docs/doctor.md, so the documented figures are the measured
+/// ones.
+#[test]
+fn first_cause_accuracy_per_engine_and_platform() {
+    use std::collections::BTreeMap;
+    let dir = logs_dir();
+    let logs = fixture_logs(&dir);
+    // (group, set) → (right, total)
+    let mut tally: BTreeMap<(String, String), (u32, u32)> = BTreeMap::new();
+    let mut misses = Vec::new();
+    for log in &logs {
+        let stem = log.file_stem().unwrap().to_string_lossy().into_owned();
+        let expected: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("expected").join(format!("{stem}.json"))).unwrap(),
+        )
+        .unwrap();
+        let want = expected["causes"][0].as_str().unwrap_or("none").to_owned();
+        let got_json = doctor_json(log);
+        let got = got_json["findings"][0]["cause"]
+            .as_str()
+            .unwrap_or("none")
+            .to_owned();
+        let set = expected["set"].as_str().unwrap_or("older").to_owned();
+        let engine = expected["engine"].as_str().unwrap_or("unknown");
+        let platform = expected["platform"].as_str().unwrap_or("not stated");
+        let right = u32::from(want == got);
+        if right == 0 {
+            misses.push(format!("{stem}: {got} (truth {want})"));
+        }
+        for group in [
+            format!("engine {engine}"),
+            format!("platform {platform}"),
+            "all".to_owned(),
+        ] {
+            let e = tally.entry((group, set.clone())).or_default();
+            e.0 += right;
+            e.1 += 1;
+        }
+    }
+    let cell = |t: Option<&(u32, u32)>| match t {
+        Some((r, n)) => format!("{r}/{n} ({:.0}%)", 100.0 * f64::from(*r) / f64::from(*n)),
+        None => "–".to_owned(),
+    };
+    let mut groups: Vec<&String> = tally.keys().map(|(g, _)| g).collect();
+    groups.dedup();
+    let mut table = String::from("| group | older set | 2025–2026 set |\n|---|---|---|\n");
+    for g in groups {
+        table.push_str(&format!(
+            "| {g} | {} | {} |\n",
+            cell(tally.get(&(g.clone(), "older".into()))),
+            cell(tally.get(&(g.clone(), "2025-2026".into())))
+        ));
+    }
+    println!("{table}\nmisses:\n{}", misses.join("\n"));
+    let (right, total) = tally[&("all".to_owned(), "2025-2026".to_owned())];
+    assert!(
+        f64::from(right) >= 0.9 * f64::from(total),
+        "2025–2026 set: {right}/{total} first causes right\n{}",
+        misses.join("\n")
+    );
+    let (right, total) = tally[&("all".to_owned(), "older".to_owned())];
+    assert_eq!(right, total, "older set regressed:\n{}", misses.join("\n"));
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/doctor.md"))
+        .unwrap();
+    let begin = doc
+        .find("<!-- accuracy:begin -->\n")
+        .expect("accuracy markers in docs/doctor.md");
+    let end = doc.find("<!-- accuracy:end -->").unwrap();
+    let documented = &doc[begin + "<!-- accuracy:begin -->\n".len()..end];
+    assert_eq!(
+        documented, table,
+        "docs/doctor.md's accuracy table is stale; the measured one is above"
+    );
 }

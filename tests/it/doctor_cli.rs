@@ -203,3 +203,31 @@ fn model_replans_the_flag_change_a_fix_names() {
         String::from_utf8_lossy(&plan.stderr)
     );
 }
+
+#[test]
+fn color_always_colours_the_report_and_never_or_a_pipe_does_not() {
+    let file = log("vllm-v1-startup-free-below-util.log");
+    let always = doctor(&["--color", "always"], &file);
+    assert_eq!(always.status.code(), Some(1));
+    let text = stdout(&always);
+    assert!(
+        text.contains("\x1b[1;31m1. startup_free_memory_below_utilization\x1b[0m"),
+        "{text:?}"
+    );
+    assert!(text.contains("\x1b[1;32mfix:\x1b[0m"), "{text:?}");
+    assert!(
+        text.contains("\x1b[33m2. "),
+        "secondary findings in yellow: {text:?}"
+    );
+    for args in [&["--color", "never"][..], &[][..]] {
+        let plain = doctor(args, &file);
+        assert!(
+            !stdout(&plain).contains('\x1b'),
+            "{args:?}: {}",
+            stdout(&plain)
+        );
+    }
+    // JSON is data: never styled.
+    let json = doctor(&["--color", "always", "--format", "json"], &file);
+    assert!(!stdout(&json).contains('\x1b'));
+}

@@ -103,6 +103,7 @@ pub enum Engine {
     Whisper,
     #[serde(rename = "pytorch")]
     PyTorch,
+    Sglang,
 }
 
 impl Engine {
@@ -117,6 +118,36 @@ impl Engine {
             Engine::Ctranslate2 => "ctranslate2",
             Engine::Whisper => "whisper",
             Engine::PyTorch => "pytorch",
+            Engine::Sglang => "sglang",
+        }
+    }
+}
+
+/// The accelerator family a log comes from, told by its wording (each platform's allocator and
+/// runtime word their errors differently, and the fixes name each platform's own variables).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Platform {
+    Cuda,
+    Rocm,
+    /// Apple silicon through PyTorch's MPS backend.
+    Mps,
+    /// Intel GPUs (PyTorch XPU, IPEX, Level Zero, SYCL).
+    Xpu,
+    Vulkan,
+    /// Apple silicon through ggml's Metal backend.
+    Metal,
+}
+
+impl Platform {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Platform::Cuda => "cuda",
+            Platform::Rocm => "rocm",
+            Platform::Mps => "mps",
+            Platform::Xpu => "xpu",
+            Platform::Vulkan => "vulkan",
+            Platform::Metal => "metal",
         }
     }
 }
@@ -140,6 +171,16 @@ pub struct StartupReport {
     pub kv_bytes_per_token: Option<f64>,
     /// Concurrency recomputed from the pool and max_model_len, to cross-check vLLM's figure.
     pub concurrency_check: Option<f64>,
+    /// Weights and non-torch memory together, where the engine prints them as one figure
+    /// ("X GiB for consumed memory (weights + non-torch)").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consumed_gib: Option<f64>,
+    /// The engine's own `--kv-cache-memory=<bytes>` that fits the requested memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory_fits_bytes: Option<u64>,
+    /// The engine's own `--kv-cache-memory=<bytes>` that fills the card's free memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory_fills_bytes: Option<u64>,
     pub evidence_lines: Vec<u64>,
 }
 
@@ -155,6 +196,8 @@ impl StartupReport {
             || b.budget_gib.is_some()
             || b.cuda_graph_gib.is_some()
             || self.cuda_graph_estimate_gib.is_some()
+            || self.consumed_gib.is_some()
+            || self.kv_cache_memory_fits_bytes.is_some()
     }
 }
 
@@ -167,10 +210,10 @@ pub struct Diagnosis {
     pub truncated_lines: u64,
     pub engine: Option<Engine>,
     pub gpu_name: Option<String>,
-    /// `rocm` when the log carries ROCm/HIP wording (the fixes then name HIP's variables and
-    /// tools), else absent.
+    /// The accelerator family the log's wording names (`cuda`, `rocm`, `mps`, `xpu`, `vulkan`,
+    /// `metal`; the fixes then name that platform's variables and tools), absent when none does.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub platform: Option<&'static str>,
+    pub platform: Option<Platform>,
     /// vLLM's memory figures, when the log has them.
     pub startup: Option<StartupReport>,
     /// Error-looking lines no rule understood (bounded), shown when nothing was recognised.
@@ -226,7 +269,6 @@ impl Diagnosis {
 }
 
 #[cfg(test)]
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -240,8 +282,19 @@ mod tests {
             Engine::Ctranslate2,
             Engine::Whisper,
             Engine::PyTorch,
+            Engine::Sglang,
         ] {
             assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
+        }
+        for p in [
+            Platform::Cuda,
+            Platform::Rocm,
+            Platform::Mps,
+            Platform::Xpu,
+            Platform::Vulkan,
+            Platform::Metal,
+        ] {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
         }
         for c in [
             Cause::WeightsDoNotFit,

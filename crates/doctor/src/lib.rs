@@ -2,17 +2,22 @@
 //! llama-cpp-python, Ollama, CTranslate2 / faster-whisper, Whisper, audio models served by vLLM),
 //! names the GPU-memory limit that was crossed and computes the fix with `headroom-plan`'s
 //! arithmetic. One streaming pass, bounded memory; the only I/O is reading the given input.
+//! Before any rule reads a line, the way the log was captured is taken away ([`normalise`]:
+//! colour codes, carriage returns, console wrapping, structured lines, per-line prefixes) and
+//! every marker is matched without regard to letter case ([`text`]).
 
 mod facts;
 pub mod finding;
 pub mod live;
+pub mod normalise;
 mod parse;
 pub mod reader;
 mod rules;
+pub mod text;
 
 use std::io::BufRead;
 
-pub use finding::{Cause, Diagnosis, Engine, Finding, StartupReport};
+pub use finding::{Cause, Diagnosis, Engine, Finding, Platform, StartupReport};
 pub use headroom_plan::advice::MemoryBreakdown;
 
 /// Errors reading a log.
@@ -24,24 +29,76 @@ pub enum DoctorError {
         #[source]
         source: std::io::Error,
     },
+    /// The input is not a text log (an executable, an archive, UTF-16 text).
+    #[error("not a text log: {0}")]
+    NotText(reader::NotText),
 }
 
-/// Reads the whole log in one pass and diagnoses it.
+fn read_error(line: u64, source: std::io::Error) -> DoctorError {
+    match reader::NotText::from_io(&source) {
+        Some(nt) => DoctorError::NotText(nt),
+        None => DoctorError::Read { line, source },
+    }
+}
+
+/// Reads the whole log in one pass and diagnoses it. The first lines are held back (at most
+/// [`normalise::HEAD_LINES`] lines or [`normalise::HEAD_BYTES`]) to learn whether a console
+/// wrapped the log, then every line goes through [`normalise`] to the rules.
 pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
     let mut reader = reader::LineReader::new(input);
     let mut facts = facts::Facts::default();
-    loop {
+    let mut head: Vec<(u64, String)> = Vec::new();
+    let mut head_bytes = 0;
+    let mut ended = false;
+    while head.len() < normalise::HEAD_LINES && head_bytes < normalise::HEAD_BYTES {
         let line_no = reader.lines_read();
         match reader.next_line() {
-            Ok(Some((n, line))) => rules::scan_line(&mut facts, n, &line),
-            Ok(None) => break,
-            Err(source) => {
-                return Err(DoctorError::Read {
-                    line: line_no,
-                    source,
-                });
+            Ok(Some((n, line))) => {
+                let mut lines = Vec::new();
+                normalise::physical(&line, &mut lines);
+                for clean in lines {
+                    head_bytes += clean.len();
+                    head.push((n, clean));
+                }
+            }
+            Ok(None) => {
+                ended = true;
+                break;
+            }
+            Err(source) => return Err(read_error(line_no, source)),
+        }
+    }
+    let width = normalise::learn_width(head.iter().map(|(_, l)| l.as_str()));
+    let mut joiner = normalise::Joiner::new(width);
+    let mut physical = Vec::new();
+    {
+        let mut emit = |n: u64, text: &str| {
+            normalise::pieces(text, &mut |piece| rules::scan_line(&mut facts, n, piece));
+        };
+        for (n, line) in head.drain(..) {
+            joiner.push(n, &line, &mut emit);
+        }
+        while !ended {
+            let line_no = reader.lines_read();
+            match reader.next_line() {
+                Ok(Some((n, line))) => {
+                    let clean = normalise::strip_ansi(&line);
+                    if clean.trim_start().starts_with('{') {
+                        physical.clear();
+                        normalise::physical(&clean, &mut physical);
+                        for piece in &physical {
+                            joiner.push(n, piece, &mut emit);
+                        }
+                    } else {
+                        // The common case: no structured line, no copy.
+                        joiner.push(n, &clean, &mut emit);
+                    }
+                }
+                Ok(None) => ended = true,
+                Err(source) => return Err(read_error(line_no, source)),
             }
         }
+        joiner.finish(&mut emit);
     }
     let findings = rules::conclude(&mut facts);
     let startup = facts.startup.has_figures().then(|| facts.startup.clone());
@@ -56,7 +113,7 @@ pub fn diagnose(input: impl BufRead) -> Result<Diagnosis, DoctorError> {
         truncated_lines: reader.truncated_lines(),
         engine: facts.engine,
         gpu_name: facts.gpu_name.take(),
-        platform: facts.rocm.then_some("rocm"),
+        platform: facts.platform,
         startup,
         unrecognised_lines: unrecognised,
     })
@@ -133,8 +190,16 @@ mod tests {
 
         #[test]
         fn random_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..4096)) {
-            let d = diagnose(&input[..]).unwrap();
-            check_invariants(&d, &input);
+            match diagnose(&input[..]) {
+                Ok(d) => {
+                    prop_assert!(!input.contains(&0), "NUL bytes must be refused");
+                    check_invariants(&d, &input);
+                }
+                Err(DoctorError::NotText(nt)) => {
+                    prop_assert_eq!(input.iter().position(|b| *b == 0), Some(nt.offset as usize));
+                }
+                Err(e) => prop_assert!(false, "{e}"),
+            }
         }
 
         #[test]
@@ -144,7 +209,7 @@ mod tests {
                     "[ -~]{0,120}",
                     "(Tried to allocate|total capacity of|of which|is free|GiB|MiB|\\(|\\)|;|[0-9.,]{1,8}| ){0,40}",
                     "(Free memory on device|max seq len|KV cache|GiB|\\(|\\)|/|,|[0-9.]{1,6}| ){0,30}",
-                    "(msg=|layers.offload=|memory.available=|\"|\\[|\\]|GiB|B|[0-9.]{1,5}| ){0,30}",
+                    "(msg=|layers\\.offload=|memory\\.available=|\"|\\[|\\]|GiB|B|[0-9.]{1,5}| ){0,30}",
                     "(\\||MiB|/|N/A|C|G|python3|[0-9]{1,6}| ){0,30}",
                     "(model weights take|non_torch_memory takes|activation peak memory takes|KV Cache is|-|GiB|;|[0-9.]{1,6}| ){0,30}",
                     "(Method Warmup encountered an error|max_batch_prefill_tokens: |Some\\(|HIP out of memory|shared memory \\(shm\\)|[0-9]{1,6}| ){0,20}",

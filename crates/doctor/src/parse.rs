@@ -1,7 +1,12 @@
 //! Number and size parsing for log text: `19.77`, `75,840`, `270.00 MiB`, `0 bytes`, `14.9888 GB`.
 //! Sizes come back in GiB. vLLM prints "GB" for values it computed as bytes / 2^30, so "GB" and
-//! "MB" are read as GiB and MiB.
+//! "MB" are read as GiB and MiB. Markers and units are matched without regard to ASCII case, and
+//! a unit must end where the word ends (`8 blocks` is not 8 bytes).
 
+use crate::text::{find, starts};
+
+/// Bytes in a GiB.
+pub const GIB_BYTES: f64 = 1024.0 * 1024.0 * 1024.0;
 const MIB: f64 = 1.0 / 1024.0;
 const KIB: f64 = 1.0 / (1024.0 * 1024.0);
 const BYTE: f64 = 1.0 / (1024.0 * 1024.0 * 1024.0);
@@ -54,19 +59,24 @@ pub fn leading_size(s: &str) -> Option<(f64, usize)> {
     let rest = &s[used..];
     let trimmed = rest.trim_start_matches(' ');
     used += rest.len() - trimmed.len();
-    let units: [(&str, f64); 9] = [
+    let units: [(&str, f64); 12] = [
         ("GiB", 1.0),
         ("MiB", MIB),
         ("KiB", KIB),
+        ("TiB", 1024.0),
         ("GB", 1.0),
         ("MB", MIB),
         ("KB", KIB),
         ("bytes", BYTE),
         ("B", BYTE),
         ("G", 1.0),
+        ("M", MIB),
+        ("K", KIB),
     ];
     for (unit, scale) in units {
-        if trimmed.starts_with(unit) {
+        let ends_word = !trimmed[unit.len().min(trimmed.len())..]
+            .starts_with(|c: char| c.is_ascii_alphanumeric());
+        if starts(trimmed, unit) && ends_word {
             return Some((value * scale, used + unit.len()));
         }
     }
@@ -75,7 +85,7 @@ pub fn leading_size(s: &str) -> Option<(f64, usize)> {
 
 /// The number that follows the first `marker` in `line`.
 pub fn number_after(line: &str, marker: &str) -> Option<f64> {
-    let at = line.find(marker)? + marker.len();
+    let at = find(line, marker)? + marker.len();
     leading_number(line[at..].trim_start_matches(' ')).map(|(v, _)| v)
 }
 
@@ -88,7 +98,7 @@ pub fn int_after(line: &str, marker: &str) -> Option<u64> {
 
 /// The size (GiB) that follows the first `marker` in `line`.
 pub fn size_after(line: &str, marker: &str) -> Option<f64> {
-    let at = line.find(marker)? + marker.len();
+    let at = find(line, marker)? + marker.len();
     leading_size(line[at..].trim_start_matches(' ')).map(|(v, _)| v)
 }
 
@@ -98,7 +108,7 @@ pub fn logfmt_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let mut search = line;
     let mut offset = 0;
     loop {
-        let at = search.find(key)?;
+        let at = find(search, key)?;
         let start = offset + at;
         let boundary = start == 0 || matches!(line.as_bytes()[start - 1], b' ' | b'\t');
         let after = start + key.len();
@@ -163,6 +173,11 @@ mod tests {
         assert_eq!(leading_size("14.9888 GB").unwrap().0, 14.9888);
         assert_eq!(leading_size("2.5GiB").unwrap().0, 2.5);
         assert!(leading_size("12 tokens").is_none());
+        assert!(leading_size("8 blocks").is_none());
+        assert!(leading_size("2 GPUs").is_none());
+        assert_eq!(leading_size("2.00 GIB.").unwrap().0, 2.0);
+        assert_eq!(leading_size("512 mib,").unwrap().0, 0.5);
+        assert_eq!(leading_size("16G ").unwrap().0, 16.0);
     }
 
     #[test]

@@ -1,12 +1,42 @@
 //! Streaming line reader: one pass over any `BufRead`, memory bounded by one line buffer. Lines
 //! longer than the cap are truncated (the rest is skipped without being stored), invalid UTF-8 is
-//! replaced, and a trailing `\r` is dropped.
+//! replaced, and a trailing `\r` is dropped. Input that is not text (a NUL byte in its first
+//! 64 KiB: an executable, an archive, UTF-16) is refused with [`NotText`] instead of being read.
 
 use std::borrow::Cow;
 use std::io::{self, BufRead};
 
 /// Longest line kept, in bytes; longer lines are cut here.
 pub const MAX_LINE_BYTES: usize = 16 * 1024;
+/// Bytes at the start of the input checked for binary content.
+pub const TEXT_CHECK_BYTES: u64 = 64 * 1024;
+
+/// The input is not text: it holds a NUL byte near its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.describe())]
+pub struct NotText {
+    /// Offset of the first NUL byte.
+    pub offset: u64,
+    /// The bytes look like UTF-16 text (a byte-order mark, or NULs between ASCII letters).
+    pub utf16: bool,
+}
+
+impl NotText {
+    fn describe(&self) -> String {
+        if self.utf16 {
+            "it is UTF-16 text, not UTF-8 (convert it first: `iconv -f UTF-16 -t UTF-8`)".to_owned()
+        } else {
+            format!("binary data (a NUL byte at offset {})", self.offset)
+        }
+    }
+
+    /// The `NotText` inside an I/O error from [`LineReader::next_line`], if that is what it is.
+    pub fn from_io(err: &io::Error) -> Option<NotText> {
+        err.get_ref()
+            .and_then(|e| e.downcast_ref::<NotText>())
+            .copied()
+    }
+}
 
 pub struct LineReader<R> {
     inner: R,
@@ -48,6 +78,19 @@ impl<R: BufRead> LineReader<R> {
                 break;
             }
             got_any = true;
+            if self.bytes < TEXT_CHECK_BYTES {
+                let head = &available[..available
+                    .len()
+                    .min((TEXT_CHECK_BYTES - self.bytes) as usize)];
+                if let Some(at) = memchr::memchr(0, head) {
+                    let utf16 = self.bytes == 0 && looks_like_utf16(head);
+                    let offset = self.bytes + at as u64;
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        NotText { offset, utf16 },
+                    ));
+                }
+            }
             let (chunk, used, done) = match memchr::memchr(b'\n', available) {
                 Some(i) => (&available[..i], i + 1, true),
                 None => (available, available.len(), false),
@@ -96,6 +139,19 @@ impl<R: BufRead> LineReader<R> {
     }
 }
 
+/// A byte-order mark, or ASCII letters with NULs between them (`l\0o\0g\0`).
+fn looks_like_utf16(head: &[u8]) -> bool {
+    if head.starts_with(&[0xff, 0xfe]) || head.starts_with(&[0xfe, 0xff]) {
+        return true;
+    }
+    let pairs = head.len().min(256) / 2;
+    pairs >= 4
+        && (0..pairs).all(|i| {
+            let (a, b) = (head[2 * i], head[2 * i + 1]);
+            (b == 0 && (a == 0 || a.is_ascii())) || (a == 0 && b.is_ascii())
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +187,32 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert!(lines[0].starts_with("ok "));
         assert!(lines[0].ends_with(" end"));
+    }
+
+    #[test]
+    fn binary_and_utf16_input_is_refused() {
+        let mut elf = b"\x7fELF\x02\x01\x01\x00\x00\x00 rest\n".to_vec();
+        elf.extend_from_slice(b"more text\n");
+        let err = LineReader::new(&elf[..]).next_line().unwrap_err();
+        let nt = NotText::from_io(&err).expect("not text");
+        assert_eq!(
+            nt,
+            NotText {
+                offset: 7,
+                utf16: false
+            }
+        );
+        let utf16: Vec<u8> = "\u{feff}INFO log line\n"
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .collect();
+        let err = LineReader::new(&utf16[..]).next_line().unwrap_err();
+        assert!(NotText::from_io(&err).unwrap().utf16);
+        // A NUL after the checked head is read as text (a crash can pad a log with NULs).
+        let mut late = vec![b'a'; TEXT_CHECK_BYTES as usize];
+        late.extend_from_slice(b"\x00\n");
+        let mut r = LineReader::new(&late[..]);
+        assert!(r.next_line().unwrap().is_some());
     }
 
     #[test]

@@ -7,9 +7,10 @@ use super::gate;
 use crate::facts::{Facts, Phase};
 use crate::finding::Engine;
 use crate::parse::{int_after, leading_number, number_after};
+use crate::text::{find, has, starts, strip_prefix};
 
 /// Reads context from `line`; returns the phase marker on this line, if any.
-pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<Phase> {
+pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u32) -> Option<Phase> {
     if groups & gate::GPU != 0 && facts.gpu_name.is_none() {
         facts.gpu_name = gpu_name(line);
     }
@@ -21,6 +22,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<
     }
     if groups & gate::CONFIG != 0 {
         config(facts, line);
+    }
+    if has(line, "Capture cuda graph end") || has(line, "Graph capturing finished") {
+        // Capture is over: a later failure belongs to whatever runs next.
+        facts.last_phase = None;
     }
     if groups & gate::PHASE == 0 {
         return None;
@@ -34,7 +39,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, groups: u16) -> Option<
 
 /// The engine whose knobs the fixes name: the most specific one seen.
 pub fn main_engine(seen: &[Engine]) -> Option<Engine> {
-    const ORDER: [Engine; 7] = [
+    // SGLang first: its older releases import vLLM's layers, so vLLM's paths show in its
+    // tracebacks.
+    const ORDER: [Engine; 8] = [
+        Engine::Sglang,
         Engine::Vllm,
         Engine::Tgi,
         Engine::Ollama,
@@ -48,28 +56,28 @@ pub fn main_engine(seen: &[Engine]) -> Option<Engine> {
 
 fn gpu_name(line: &str) -> Option<String> {
     // llama.cpp / ggml: "Device 0: NVIDIA GeForce RTX 3060 Laptop GPU, compute capability 8.6"
-    if let Some(at) = line.find("Device ") {
+    if let Some(at) = find(line, "Device ") {
         let rest = &line[at + 7..];
-        if let Some(colon) = rest.find(": ")
+        if let Some(colon) = find(rest, ": ")
             && rest[..colon].bytes().all(|b| b.is_ascii_digit())
             && colon > 0
         {
             let name = &rest[colon + 2..];
-            let end = name.find(", compute capability").or_else(|| name.find(','));
+            let end = find(name, ", compute capability").or_else(|| name.find(','));
             if let Some(end) = end {
                 return clean_name(&name[..end]);
             }
         }
     }
     // Ollama logfmt on GPU lines: name="NVIDIA A30"
-    if line.contains("library=")
+    if has(line, "library=")
         && let Some(v) = crate::parse::logfmt_value(line, "name")
     {
         return clean_name(v);
     }
     // nvidia-smi table row: "|   0  NVIDIA H100 80GB HBM3          On  |"
     if line.starts_with('|')
-        && let Some(at) = line.find("NVIDIA ").or_else(|| line.find("Tesla "))
+        && let Some(at) = find(line, "NVIDIA ").or_else(|| find(line, "Tesla "))
     {
         let rest = &line[at..];
         let end = rest
@@ -80,9 +88,9 @@ fn gpu_name(line: &str) -> Option<String> {
     }
     // TGI / vLLM environment dumps: "GPU: NVIDIA ..." or "GPU 0: NVIDIA ..."
     for marker in ["GPU: ", "GPU 0: "] {
-        if let Some(at) = line.find(marker) {
+        if let Some(at) = find(line, marker) {
             let rest = &line[at + marker.len()..];
-            if rest.starts_with("NVIDIA") || rest.starts_with("Tesla") || rest.starts_with("AMD") {
+            if starts(rest, "NVIDIA") || starts(rest, "Tesla") || starts(rest, "AMD") {
                 let end = rest.find(['(', ',', '|']).unwrap_or(rest.len());
                 return clean_name(&rest[..end]);
             }
@@ -126,11 +134,11 @@ fn worker_tags(facts: &mut Facts, line: &str) {
         facts.max_worker_rank = facts.max_worker_rank.max(rank);
     }
     // Worker_PP1_TP3 → at least 2 stages of at least 4 ranks.
-    if let Some(at) = line.find("Worker_PP") {
+    if let Some(at) = find(line, "Worker_PP") {
         let rest = &line[at + 9..];
         if let Some((pp, used)) = leading_number(rest) {
             facts.pp = Some(facts.pp.map_or(pp as u64 + 1, |p| p.max(pp as u64 + 1)));
-            if let Some(tp) = rest[used..].strip_prefix("_TP").and_then(leading_number) {
+            if let Some(tp) = strip_prefix(&rest[used..], "_TP").and_then(leading_number) {
                 facts.tp = Some(facts.tp.map_or(tp.0 as u64 + 1, |t| t.max(tp.0 as u64 + 1)));
             }
         }
@@ -144,12 +152,13 @@ pub fn worker_rank(line: &str) -> Option<u64> {
     if let Some(v) = int_after(line, "VllmWorker rank=") {
         return Some(v);
     }
-    if let Some(at) = line.find("Worker_PP") {
+    if let Some(at) = find(line, "Worker_PP") {
         // Rank within the stage is what matters for a per-GPU limit; report a non-zero marker.
         let rest = &line[at + 9..];
         let (pp, used) = leading_number(rest)?;
-        let tp = rest[used..]
-            .strip_prefix("_TP")
+        let tp = rest
+            .get(used..)
+            .and_then(|r| strip_prefix(r, "_TP"))
             .and_then(leading_number)
             .map_or(0.0, |t| t.0);
         return Some((pp + tp) as u64);
@@ -186,7 +195,7 @@ fn config(facts: &mut Facts, line: &str) {
     }
     if facts.kv_cache_dtype.is_none() {
         for marker in ["kv_cache_dtype=", "--kv-cache-dtype "] {
-            if let Some(at) = line.find(marker) {
+            if let Some(at) = find(line, marker) {
                 let rest = &line[at + marker.len()..];
                 let end = rest.find([',', ' ', ')', '\'']).unwrap_or(rest.len());
                 if end > 0 && end < 32 {
@@ -216,7 +225,7 @@ fn model_name(line: &str) -> Option<String> {
         ("--model=", " "),
         ("model_id: \"", "\""),
     ] {
-        if let Some(at) = line.find(marker) {
+        if let Some(at) = find(line, marker) {
             let rest = &line[at + marker.len()..];
             let stop = rest.find(end).unwrap_or(rest.len());
             let name = rest[..stop].trim();
@@ -229,8 +238,13 @@ fn model_name(line: &str) -> Option<String> {
 }
 
 fn phase_marker(line: &str) -> Option<Phase> {
-    const MARKERS: [(&str, Phase); 24] = [
+    const MARKERS: [(&str, Phase); 31] = [
         ("_dummy_sampler_run", Phase::SamplerWarmup),
+        ("dummy_sampler", Phase::SamplerWarmup),
+        ("dummy_metadata", Phase::SamplerWarmup),
+        ("Capture cuda graph", Phase::GraphCapture),
+        ("init_cuda_graphs", Phase::GraphCapture),
+        ("cuda_graph_runner", Phase::GraphCapture),
         ("warming up sampler", Phase::SamplerWarmup),
         ("capture_model", Phase::GraphCapture),
         ("capture_end", Phase::GraphCapture),
@@ -250,18 +264,20 @@ fn phase_marker(line: &str) -> Option<Phase> {
         ("from_pretrained", Phase::LoadWeights),
         ("model.to(device)", Phase::LoadWeights),
         ("Error in model execution", Phase::Request),
+        ("EngineDeadError", Phase::Request),
+        ("serving_chat", Phase::Request),
         ("execute_model", Phase::Request),
         ("Request failed during generation", Phase::Request),
         ("generate_with_fallback", Phase::Request),
         ("in generate_token", Phase::Request),
     ];
     for (marker, phase) in MARKERS {
-        if line.contains(marker) {
+        if has(line, marker) {
             return Some(phase);
         }
     }
     // faster-whisper builds its CTranslate2 model in WhisperModel.__init__.
-    if line.contains("faster_whisper") && line.trim_end().ends_with("in __init__") {
+    if has(line, "faster_whisper") && crate::text::ends(line.trim_end(), "in __init__") {
         return Some(Phase::LoadWeights);
     }
     None

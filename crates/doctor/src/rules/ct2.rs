@@ -5,11 +5,13 @@
 use super::torch::sizeless_findings;
 use crate::facts::{Facts, Phase, record};
 use crate::finding::{Cause, Engine, Finding};
+use crate::text::has;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
-    if line.contains("CUDA failed with error out of memory") {
+    if has(line, "CUDA failed with error out of memory") {
         let phase = facts.phase_at(line_no, phase_here);
         record(&mut facts.ct2_oom, phase, line_no);
+        facts.saw_oom(line_no);
         facts.saw_engine(Engine::Ctranslate2);
         return true;
     }

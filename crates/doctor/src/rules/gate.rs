@@ -1,6 +1,7 @@
 //! One-pass keyword gate: a single Aho-Corasick automaton over every engine marker and every
-//! keyword a rule needs. Each line is searched once; lines with no rule keyword skip the rules,
-//! which keeps a 50 MB log of routine request lines close to the speed of a plain line count.
+//! keyword a rule needs, matched without regard to ASCII case. Each line is searched once; lines
+//! with no rule keyword skip the rules, which keeps a 50 MB log of routine request lines close to
+//! the speed of a plain line count.
 
 use std::sync::OnceLock;
 
@@ -11,8 +12,6 @@ use crate::finding::Engine;
 /// Engine markers: seeing one marks the engine as present in the log.
 const ENGINE_MARKERS: &[(&str, Engine)] = &[
     ("vllm", Engine::Vllm),
-    ("Vllm", Engine::Vllm),
-    ("vLLM", Engine::Vllm),
     ("EngineCore", Engine::Vllm),
     ("LLMEngine", Engine::Vllm),
     ("[core.py:", Engine::Vllm),
@@ -33,39 +32,67 @@ const ENGINE_MARKERS: &[(&str, Engine)] = &[
     ("ctranslate2", Engine::Ctranslate2),
     ("faster_whisper", Engine::Ctranslate2),
     ("whisper", Engine::Whisper),
-    ("Whisper", Engine::Whisper),
     ("torch", Engine::PyTorch),
+    ("sglang", Engine::Sglang),
+    ("sgl_kernel", Engine::Sglang),
+    ("llama runner", Engine::Ollama),
+    ("llama-runner", Engine::Ollama),
+    ("source=server.go", Engine::Ollama),
+    ("source=ggml.go", Engine::Ollama),
+    ("source=runner.go", Engine::Ollama),
 ];
 
 /// Rule groups a keyword can wake; a line runs only the rules whose group matched.
-pub const TORCH: u16 = 1 << 0;
-pub const VLLM: u16 = 1 << 1;
-pub const TGI: u16 = 1 << 2;
-pub const LLAMA: u16 = 1 << 3;
-pub const OLLAMA: u16 = 1 << 4;
-pub const CT2: u16 = 1 << 5;
-pub const NOT_MEMORY: u16 = 1 << 6;
+pub const TORCH: u32 = 1 << 0;
+pub const VLLM: u32 = 1 << 1;
+pub const TGI: u32 = 1 << 2;
+pub const LLAMA: u32 = 1 << 3;
+pub const OLLAMA: u32 = 1 << 4;
+pub const CT2: u32 = 1 << 5;
+pub const NOT_MEMORY: u32 = 1 << 6;
 /// Tensor / pipeline parallel sizes.
-pub const CONTEXT: u16 = 1 << 7;
-pub const PHASE: u16 = 1 << 8;
-pub const ERROR: u16 = 1 << 9;
+pub const CONTEXT: u32 = 1 << 7;
+pub const PHASE: u32 = 1 << 8;
+pub const ERROR: u32 = 1 << 9;
 /// GPU name.
-pub const GPU: u16 = 1 << 10;
+pub const GPU: u32 = 1 << 10;
 /// Worker rank tags on multi-GPU lines.
-pub const RANK: u16 = 1 << 11;
+pub const RANK: u32 = 1 << 11;
 /// Configured limits and the model name.
-pub const CONFIG: u16 = 1 << 12;
+pub const CONFIG: u32 = 1 << 12;
 /// The v2 families: negative KV budget, TGI warm-up wrapper and limits, ROCm wording.
-pub const EXTRA: u16 = 1 << 13;
+pub const EXTRA: u32 = 1 << 13;
+/// Platform wordings: MPS, XPU, Vulkan, Metal, driver and library out-of-memory codes.
+pub const PLATFORM: u32 = 1 << 14;
+/// SGLang's start-up figures, limits and messages.
+pub const SGLANG: u32 = 1 << 15;
+/// 2026 vLLM start-ups: the profiling race check, CUDA-graph profiling, `--kv-cache-memory`
+/// advice, multi-stage (omni) budgets.
+pub const STARTUP26: u32 = 1 << 16;
+/// Words that say an engine caught an out-of-memory and went on.
+pub const ABSORB: u32 = 1 << 17;
+/// Lines that show an engine serving or past its start-up.
+pub const READY: u32 = 1 << 18;
 
 /// Every substring some rule needs before it can match (a necessary condition, not sufficient).
-const RULE_KEYWORDS: &[(&str, u16)] = &[
+const RULE_KEYWORDS: &[(&str, u32)] = &[
     // PyTorch
     ("Tried to allocate", TORCH),
     // vLLM
     ("Free memory on device", VLLM),
     ("Desired GPU memory", VLLM),
     ("KV cache is needed", VLLM),
+    ("To serve at least one request", VLLM),
+    ("estimated maximum model length", VLLM),
+    ("non-torch forward increase memory", VLLM),
+    ("Requested memory:", VLLM),
+    ("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", VLLM | STARTUP26),
+    ("dummy_sampler", PHASE),
+    ("EngineDeadError", PHASE),
+    ("serving_chat", PHASE),
+    ("dummy_metadata", PHASE),
+    ("init_cuda_graphs", PHASE),
+    ("cuda_graph_runner", PHASE),
     ("stored in KV cache", VLLM),
     ("GPU KV cache size", VLLM),
     ("CPU KV cache size", VLLM),
@@ -213,10 +240,73 @@ const RULE_KEYWORDS: &[(&str, u16)] = &[
     ("PYTORCH_HIP_ALLOC_CONF", EXTRA),
     ("insufficient shared memory", NOT_MEMORY),
     ("out of shared memory", NOT_MEMORY),
+    // platform wordings
+    ("MPS backend out of memory", PLATFORM),
+    ("XPU out of memory", PLATFORM),
+    ("NPU out of memory", PLATFORM),
+    ("ggml_vulkan", PLATFORM),
+    ("Vulkan0", PLATFORM),
+    ("ErrorOutOfDeviceMemory", PLATFORM),
+    ("VK_ERROR_OUT_OF_DEVICE_MEMORY", PLATFORM),
+    ("ggml_metal", PLATFORM),
+    ("kIOGPUCommandBufferCallbackErrorOutOfMemory", PLATFORM),
+    ("OUT_OF_DEVICE_MEMORY", PLATFORM),
+    ("ggml_sycl", PLATFORM),
+    ("cudaErrorMemoryAllocation", PLATFORM),
+    ("CUBLAS_STATUS_ALLOC_FAILED", PLATFORM),
+    ("CUDNN_STATUS_ALLOC_FAILED", PLATFORM),
+    ("CUDA_ERROR_OUT_OF_MEMORY", PLATFORM),
+    ("RESOURCE_EXHAUSTED", PLATFORM),
+    ("out of memory", PLATFORM),
+    ("OutOfMemoryError", PLATFORM),
+    ("CUDA error", PLATFORM),
+    ("Allocation of size", PLATFORM),
+    // SGLang
+    ("mem_fraction_static", SGLANG),
+    ("--mem-fraction-static", SGLANG),
+    ("avail mem=", SGLANG),
+    ("Not enough memory. Please try to increase", SGLANG),
+    ("Capture cuda graph", SGLANG | PHASE),
+    ("KV Cache is allocated", SGLANG),
+    ("max_total_num_tokens", SGLANG),
+    ("Retract requests", SGLANG | ABSORB),
+    // 2026 start-ups
+    ("Error in memory profiling", STARTUP26),
+    ("--kv-cache-memory=", STARTUP26),
+    ("CUDA graph memory profiling is", STARTUP26),
+    ("(process-scoped)", STARTUP26),
+    ("(profiling fallback)", STARTUP26),
+    ("[Stage-", STARTUP26),
+    ("server config", OLLAMA),
+    ("OLLAMA_NUM_PARALLEL", OLLAMA),
+    ("OLLAMA_CONTEXT_LENGTH", OLLAMA),
+    ("--parallel ", OLLAMA),
+    ("--ctx-size ", OLLAMA),
+    ("--batch-size ", OLLAMA),
+    ("--n-gpu-layers ", OLLAMA),
+    ("KvSize:", OLLAMA),
+    ("GPULayers:", OLLAMA),
+    // an out-of-memory the engine went on from
+    ("Skipping tactic", ABSORB),
+    ("pinned memory", ABSORB),
+    ("retracted", ABSORB),
+    ("falling back", ABSORB),
+    ("retrying", ABSORB),
+    ("evict", ABSORB),
+    ("unloading", ABSORB),
+    // serving, or past start-up
+    ("Application startup complete", READY),
+    ("Uvicorn running", READY),
+    ("server is listening", READY),
+    ("llama runner started", READY),
+    ("The server is fired up", READY),
+    ("Starting vLLM API server", READY),
+    ("Avg prompt throughput", READY),
+    ("init engine (profile", READY),
+    ("Capture cuda graph end", READY),
+    ("HTTP/1.1\" 200", READY),
     // error-looking lines kept for the "nothing recognised" report
-    ("Error", ERROR),
-    ("ERROR", ERROR),
-    ("error:", ERROR),
+    ("error", ERROR),
     ("failed", ERROR),
 ];
 
@@ -239,7 +329,8 @@ fn gate() -> &'static Gate {
         // that matches everything (every line goes through the rules) rather than panic.
         let built = AhoCorasick::builder()
             .kind(Some(AhoCorasickKind::DFA))
-            .match_kind(MatchKind::LeftmostLongest)
+            .match_kind(MatchKind::Standard)
+            .ascii_case_insensitive(true)
             .build(&patterns);
         match built.or_else(|_| AhoCorasick::new(&patterns)) {
             Ok(automaton) => Gate {
@@ -268,9 +359,9 @@ fn match_everything() -> Gate {
 /// What one line contains: engines whose markers appear, and whether any rule keyword does.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Hits {
-    pub engines: [bool; 7],
+    pub engines: [bool; 8],
     /// Bitmask of rule groups whose keywords appear.
-    pub groups: u16,
+    pub groups: u32,
 }
 
 fn engine_slot(e: Engine) -> usize {
@@ -282,10 +373,11 @@ fn engine_slot(e: Engine) -> usize {
         Engine::Ctranslate2 => 4,
         Engine::Whisper => 5,
         Engine::PyTorch => 6,
+        Engine::Sglang => 7,
     }
 }
 
-pub const SLOT_ENGINES: [Engine; 7] = [
+pub const SLOT_ENGINES: [Engine; 8] = [
     Engine::Vllm,
     Engine::Tgi,
     Engine::Ollama,
@@ -293,6 +385,7 @@ pub const SLOT_ENGINES: [Engine; 7] = [
     Engine::Ctranslate2,
     Engine::Whisper,
     Engine::PyTorch,
+    Engine::Sglang,
 ];
 
 /// Searches `line` once for every marker and keyword.
@@ -300,20 +393,23 @@ pub fn scan(line: &str) -> Hits {
     let g = gate();
     let mut hits = Hits::default();
     if g.everything {
-        hits.groups = u16::MAX;
+        hits.groups = u32::MAX;
         return hits;
     }
-    if line.starts_with('|') {
+    // A table row (`nvidia-smi`), whatever prefix the line carries.
+    if line.trim_end().ends_with('|') {
         hits.groups |= GPU | EXTRA;
     }
-    for m in g.automaton.find_iter(line) {
+    // Overlapping: a keyword must not hide an engine marker that starts where it starts
+    // (`ggml_vulkan` is both a platform keyword and a ggml marker).
+    for m in g.automaton.find_overlapping_iter(line) {
         let id = m.pattern().as_usize();
         if id < g.engines {
             hits.engines[engine_slot(ENGINE_MARKERS[id].1)] = true;
         } else {
             hits.groups |= RULE_KEYWORDS
                 .get(id - g.engines)
-                .map_or(u16::MAX, |(_, grp)| *grp);
+                .map_or(u32::MAX, |(_, grp)| *grp);
         }
     }
     if hits.groups & CT2 != 0 {
@@ -329,11 +425,18 @@ mod tests {
     #[test]
     fn routine_lines_skip_rules_and_markers_are_found() {
         let h = scan("INFO:     127.0.0.1:51234 - \"POST /v1/chat/completions HTTP/1.1\" 200 OK");
-        assert_eq!(h, Hits::default());
+        assert_eq!(
+            h.groups, READY,
+            "a served request only says the engine is up"
+        );
+        assert_eq!(
+            scan("INFO:     Waiting for application startup."),
+            Hits::default()
+        );
         let h = scan(
             "ERROR 03-13 [core.py:330] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.16 GiB.",
         );
-        assert_eq!(h.groups, TORCH | ERROR);
+        assert_eq!(h.groups, TORCH | ERROR | PLATFORM);
         assert!(h.engines[engine_slot(Engine::Vllm)]);
         assert!(h.engines[engine_slot(Engine::PyTorch)]);
         assert_eq!(

@@ -5,8 +5,9 @@
 
 use super::size;
 use crate::facts::{Facts, GgmlAlloc, GgmlBuffer, record};
-use crate::finding::{Cause, Finding};
+use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{int_after, number_after};
+use crate::text::{find, has, rfind, starts};
 
 /// Lines after the failure that may still name the buffer kind.
 const FOLLOW_WINDOW: u64 = 6;
@@ -15,7 +16,7 @@ const FOLLOW_WINDOW: u64 = 6;
 /// the KV buffer and its tokens (cells per stream × streams), as start-up figures. The last such
 /// line wins: `--fit` may size a trial context before the real one.
 fn kv_cache_size(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    if !line.contains("llama_kv_cache: size =") {
+    if !has(line, "llama_kv_cache: size =") {
         return false;
     }
     let Some(mib) = number_after(line, "size =") else {
@@ -46,7 +47,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     if kv_cache_size(facts, line_no, line) {
         return true;
     }
-    if (line.contains("cudaMalloc failed: out of memory") || line.contains("hipMalloc failed"))
+    if (has(line, "cudaMalloc failed: out of memory") || has(line, "hipMalloc failed"))
         && let Some(mib) = number_after(line, "allocating ")
     {
         let device = int_after(line, "on device ").unwrap_or(0);
@@ -61,10 +62,11 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             GgmlAlloc { mib, device, kind },
             line_no,
         );
+        facts.saw_oom(line_no);
         return true;
     }
-    if line.contains("Device memory allocation of size")
-        && line.contains("failed")
+    if has(line, "Device memory allocation of size")
+        && has(line, "failed")
         && let Some(bytes) = number_after(line, "allocation of size ")
     {
         record(
@@ -78,6 +80,38 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         );
         return true;
     }
+    if facts.ggml_alloc.is_none()
+        && has(line, "failed to allocate")
+        && has(line, " buffer of size ")
+        && let Some(bytes) = number_after(line, "buffer of size ")
+    {
+        // "ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 838447104" with no
+        // "allocating … cudaMalloc failed" line before it (a runner's stderr cut to its last lines).
+        let head = &line[..find(line, " buffer of size ").unwrap_or(0)];
+        let device = head
+            .rsplit(|c: char| !c.is_ascii_digit())
+            .next()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0);
+        let kind = if has(line, "gallocr") || has(line, "graph") {
+            Some(GgmlBuffer::Compute)
+        } else if has(line, "alloc_tensor_range") {
+            Some(GgmlBuffer::Model)
+        } else {
+            None
+        };
+        record(
+            &mut facts.ggml_alloc,
+            GgmlAlloc {
+                mib: bytes / 1_048_576.0,
+                device,
+                kind,
+            },
+            line_no,
+        );
+        facts.saw_oom(line_no);
+        return true;
+    }
     if let Some(n) = setting(line, "n_ubatch") {
         facts.ggml_ubatch = Some(n);
         return true;
@@ -86,7 +120,7 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         facts.ggml_ctx = Some(n);
         return true;
     }
-    if line.contains("pipeline parallelism enabled") {
+    if has(line, "pipeline parallelism enabled") {
         facts.ggml_pipeline_parallel = int_after(line, "n_copies=").or(Some(1));
         return true;
     }
@@ -95,12 +129,12 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         " KV buffer size",
         " compute buffer size",
     ] {
-        if let Some(at) = line.find(marker) {
+        if let Some(at) = find(line, marker) {
             let head = &line[..at];
-            if let Some(cuda) = head.rfind("CUDA").or_else(|| head.rfind("ROCm"))
+            if let Some(cuda) = rfind(head, "CUDA").or_else(|| rfind(head, "ROCm"))
                 && let Some(d) = int_after(
                     &head[cuda..],
-                    if head[cuda..].starts_with("CUDA") {
+                    if starts(&head[cuda..], "CUDA") {
                         "CUDA"
                     } else {
                         "ROCm"
@@ -118,20 +152,18 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             .last()
             .is_some_and(|l| line_no - l <= FOLLOW_WINDOW);
         if near && seen.value.kind.is_none() {
-            let kind = if line.contains("alloc_tensor_range")
-                || line.contains("unable to allocate CUDA")
-                || line.contains("unable to allocate backend buffer")
-                || line.contains("error loading model")
+            let kind = if has(line, "alloc_tensor_range")
+                || has(line, "unable to allocate CUDA")
+                || has(line, "unable to allocate backend buffer")
+                || has(line, "error loading model")
             {
                 Some(GgmlBuffer::Model)
-            } else if line.contains("compute buffer")
-                || line.contains("ggml_gallocr_reserve_n")
-                || line.contains("failed to allocate graph")
+            } else if has(line, "compute buffer")
+                || has(line, "ggml_gallocr_reserve_n")
+                || has(line, "failed to allocate graph")
             {
                 Some(GgmlBuffer::Compute)
-            } else if line.contains("kv_cache_init")
-                || line.contains("KV buffer")
-                || line.contains("KV cache")
+            } else if has(line, "kv_cache_init") || has(line, "KV buffer") || has(line, "KV cache")
             {
                 Some(GgmlBuffer::Kv)
             } else {
@@ -149,35 +181,137 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     false
 }
 
-/// llama.cpp's default `--ubatch-size`.
+/// llama.cpp's default `--ubatch-size`; Ollama's default `num_batch`.
 const DEFAULT_UBATCH: u64 = 512;
 
 /// `llama_context: n_ubatch      = 512` → 512 (the key, spaces, `=`, a whole number).
 fn setting(line: &str, key: &str) -> Option<u64> {
-    let at = line.find(&format!("{key} "))? + key.len();
+    let at = find(line, &format!("{key} "))? + key.len();
     let rest = line[at..].trim_start().strip_prefix('=')?.trim();
     rest.parse().ok()
 }
 
-/// `-ub N` at half the micro-batch the log shows (or half the default, said so).
-fn half_ubatch(facts: &Facts) -> String {
-    match facts.ggml_ubatch {
-        Some(ub) => format!(
-            "`-ub {}` (--ubatch-size, half the log's n_ubatch {ub})",
-            (ub / 2).max(1)
-        ),
-        None => format!(
-            "`-ub {}` (--ubatch-size, half llama.cpp's default {DEFAULT_UBATCH}; the log does not show n_ubatch)",
-            DEFAULT_UBATCH / 2
-        ),
-    }
+/// The settings that move each lever in the engine that runs llama.cpp here: llama.cpp's own
+/// flags, or Ollama's settings when Ollama runs it (an Ollama user has no `-ngl` or `-ub`), each
+/// from the value the log shows, lowered.
+struct Levers<'a> {
+    facts: &'a Facts,
+    ollama: bool,
 }
 
-/// `-c N` at half the context the log shows, or the flag alone when it does not show one.
-fn half_context(facts: &Facts) -> String {
-    match facts.ggml_ctx {
-        Some(c) => format!("`-c {}` (half the log's n_ctx {c})", (c / 2).max(1)),
-        None => "a smaller `-c/--ctx-size` (the log does not show n_ctx)".to_string(),
+impl Levers<'_> {
+    fn of(facts: &Facts) -> Levers<'_> {
+        Levers {
+            facts,
+            ollama: facts.engine == Some(Engine::Ollama),
+        }
+    }
+
+    /// Fewer layers on the GPU.
+    fn layers(&self) -> String {
+        let shown = self.facts.ollama_config.gpu_layers;
+        match (self.ollama, shown) {
+            (true, Some(n)) if n > 1 => format!(
+                "`num_gpu {}` (from the {n} layers the log shows on the GPU; set in the Modelfile or the request's options)",
+                n - n.div_ceil(4)
+            ),
+            (true, _) => "a lower `num_gpu` (layers on the GPU; set in the Modelfile or the request's options)".into(),
+            (false, Some(n)) if n > 1 => format!("`-ngl {}` (from {n})", n - n.div_ceil(4)),
+            (false, _) => "fewer layers on the GPU (`-ngl`; layers that fit ≈ free memory / per-layer size)".into(),
+        }
+    }
+
+    /// Half the micro-batch (the compute buffer grows with it).
+    fn micro_batch(&self) -> String {
+        let f = self.facts;
+        if self.ollama {
+            let b = f.ollama_config.batch_size.or(f.ggml_ubatch);
+            return match b {
+                Some(b) => format!("`num_batch {}` (half the log's {b})", (b / 2).max(1)),
+                None => format!(
+                    "`num_batch {}` (half Ollama's default {DEFAULT_UBATCH}; the log does not show it)",
+                    DEFAULT_UBATCH / 2
+                ),
+            };
+        }
+        match f.ggml_ubatch {
+            Some(ub) => format!(
+                "`-ub {}` (--ubatch-size, half the log's n_ubatch {ub})",
+                (ub / 2).max(1)
+            ),
+            None => format!(
+                "`-ub {}` (--ubatch-size, half llama.cpp's default {DEFAULT_UBATCH}; the log does not show n_ubatch)",
+                DEFAULT_UBATCH / 2
+            ),
+        }
+    }
+
+    /// Half the context (the KV buffer and the compute buffer grow with it).
+    fn context(&self) -> String {
+        let f = self.facts;
+        if self.ollama {
+            let c = &f.ollama_config;
+            let parallel = c.num_parallel.unwrap_or(1).max(1);
+            let whole = c.ctx_size.or(f.ggml_ctx);
+            let per_request = whole.map(|w| w / parallel).or(c.context_length);
+            let mut text = match per_request {
+                Some(n) => format!(
+                    "`num_ctx {}` (or `OLLAMA_CONTEXT_LENGTH={}`; half the {n} tokens per request the log shows)",
+                    (n / 2).max(1),
+                    (n / 2).max(1)
+                ),
+                None => {
+                    "a smaller `num_ctx` (or `OLLAMA_CONTEXT_LENGTH`; the log does not show it)"
+                        .into()
+                }
+            };
+            if parallel > 1 {
+                text.push_str(&format!(
+                    ", and `OLLAMA_NUM_PARALLEL=1` (each of the {parallel} parallel slots holds its own context)"
+                ));
+            }
+            return text;
+        }
+        match f.ggml_ctx {
+            Some(c) => format!("`-c {}` (half the log's n_ctx {c})", (c / 2).max(1)),
+            None => "a smaller `-c/--ctx-size` (the log does not show n_ctx)".to_string(),
+        }
+    }
+
+    /// A quantized KV cache.
+    fn kv_quant(&self) -> &'static str {
+        if self.ollama {
+            "`OLLAMA_FLASH_ATTENTION=1` with `OLLAMA_KV_CACHE_TYPE=q8_0` in the server's environment (half the KV cache)"
+        } else {
+            "`-ctk q8_0 -ctv q8_0` (half the KV cache; needs `-fa`)"
+        }
+    }
+
+    /// Spreading the layers over every GPU.
+    fn spread(&self) -> &'static str {
+        if self.ollama {
+            "`OLLAMA_SCHED_SPREAD=1`"
+        } else {
+            "`--tensor-split`"
+        }
+    }
+
+    /// Moving work off one device.
+    fn split(&self) -> &'static str {
+        if self.ollama {
+            "hide that GPU from Ollama (`CUDA_VISIBLE_DEVICES`), or let it place fewer layers there by lowering `num_gpu`"
+        } else {
+            "move layers off it with `--tensor-split` (give it a smaller share) or exclude it"
+        }
+    }
+
+    /// How to see the free memory the log lacks, and (Ollama) how to make its estimate leave room.
+    fn missing(&self) -> &'static str {
+        if self.ollama {
+            "the device's free memory is not in this log (`nvidia-smi` shows it); `OLLAMA_GPU_OVERHEAD=<bytes>` makes Ollama's placement leave room it does not see"
+        } else {
+            "the device's free memory is not in this log (`nvidia-smi --query-gpu=memory.free --format=csv` shows it)"
+        }
     }
 }
 
@@ -188,7 +322,8 @@ pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
     let a = &seen.value;
     let gib = a.mib / 1024.0;
     let lines = seen.lines.iter().copied();
-    let missing = "the device's free memory is not in this log (`nvidia-smi --query-gpu=memory.free --format=csv` shows it)";
+    let levers = Levers::of(facts);
+    let missing = levers.missing();
     let base = |cause, likelihood| {
         Finding::new(cause, likelihood)
             .num("tried_to_allocate_gib", Some(gib))
@@ -198,37 +333,52 @@ pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
     };
     match a.kind {
         Some(GgmlBuffer::Model) | None if a.kind.is_some() || a.mib >= 4096.0 => out.push(base(Cause::WeightsDoNotFit, 0.9).fix(format!(
-            "the model buffer for device {} is {}: the layers offloaded to it do not fit; offload fewer layers (`-ngl`; layers that fit ≈ free memory / per-layer size), \
-             split across GPUs (`--tensor-split`), or use a smaller quantization; {missing}",
+            "the model buffer for device {} is {}: the layers offloaded to it do not fit; {}, split across GPUs ({}), or use a smaller quantization; {missing}",
             a.device,
-            size(gib)
+            size(gib),
+            levers.layers(),
+            levers.spread()
         ))),
         Some(GgmlBuffer::Compute) => out.push(base(Cause::ActivationPeak, 0.85).fix(format!(
             "the compute buffer for device {} needs {}: it grows with the micro-batch and context; {} roughly halves it, \
-             a smaller `-c` shrinks it, or offload fewer layers (`-ngl`); {missing}",
+             {} shrinks it, or {}; {missing}",
             a.device,
             size(gib),
-            half_ubatch(facts)
+            levers.micro_batch(),
+            levers.context(),
+            levers.layers()
         ))),
         Some(GgmlBuffer::Kv) => out.push(base(Cause::KvCacheTooSmall, 0.85).fix(format!(
-            "the KV buffer ({}) for the context does not fit device {}: {} halves it, or quantize the cache (`-ctk q8_0 -ctv q8_0` halves it); {missing}",
+            "the KV buffer ({}) for the context does not fit device {}: {} halves it, or {}; {missing}",
             size(gib),
             a.device,
-            half_context(facts)
+            levers.context(),
+            levers.kv_quant()
         ))),
         _ => out.push(base(Cause::ActivationPeak, 0.5).fix(format!(
-            "a {} buffer on device {} did not fit and the log does not say which kind; {missing}",
+            "a {} buffer on device {} did not fit and the log does not say which kind: {}, {}, or {}; {missing}",
             size(gib),
-            a.device
+            a.device,
+            levers.layers(),
+            levers.micro_batch(),
+            levers.context()
         ))),
     }
     if a.device > 0 || facts.ggml_pipeline_parallel.is_some_and(|c| c > 1) {
         let copies = facts.ggml_pipeline_parallel.unwrap_or(1);
         out.push(base(Cause::MultiGpuWorkerLimit, if a.device > 0 { 0.92 } else { 0.5 }).fix(format!(
-            "device {} ran out of its own memory ({} requested) while others may have room; {}move layers off it with `--tensor-split` (give it a smaller share) or exclude it",
+            "device {} ran out of its own memory ({} requested) while others may have room; {}{}",
             a.device,
             size(gib),
-            if copies > 1 { format!("pipeline parallelism keeps {copies} copies of the compute buffer per device ({} or `--split-mode row` reduces it); ", half_ubatch(facts)) } else { String::new() }
+            if copies > 1 {
+                format!(
+                    "pipeline parallelism keeps {copies} copies of the compute buffer per device ({} or `--split-mode row` reduces it); ",
+                    levers.micro_batch()
+                )
+            } else {
+                String::new()
+            },
+            levers.split()
         )));
     }
 }

@@ -3,6 +3,7 @@
 //! engine shares (engine, GPU name, parallelism, configured limits, the phase a failure happened
 //! in) and ranks the findings.
 
+mod absorbed;
 mod context;
 mod ct2;
 mod gate;
@@ -11,19 +12,25 @@ mod negative_kv;
 mod not_memory;
 mod nvidia_smi;
 mod ollama;
+mod platform;
 mod rocm;
+mod sglang;
 mod tgi;
 mod tgi_warmup;
 mod torch;
 mod vllm;
+mod vllm_startup;
 
 use crate::facts::{Facts, MAX_UNRECOGNISED};
 use crate::finding::{Cause, Finding};
+use crate::text::has;
 
 /// Lines in which engine markers are looked for even when no rule keyword appears.
 const ENGINE_SNIFF_LINES: u64 = 10_000;
 
-/// Feeds one line to the rules its keywords wake.
+/// Feeds one (normalised) line to the rules its keywords wake. Rules read the whole line, prefix
+/// included (process tags name the worker, file tags the engine); rules anchored at the start of
+/// a message (table rows) read its body, after the per-line prefixes.
 pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     facts.lines_read = line_no;
     let hits = gate::scan(line);
@@ -39,7 +46,29 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
     if g == 0 {
         return;
     }
+    if g == gate::READY {
+        // Routine serving lines: noted, nothing more to read.
+        absorbed::ready(facts, line_no);
+        return;
+    }
+    let prefix = crate::normalise::prefix(line);
+    let body = &line[prefix.body..];
+    facts.line_rank = prefix.rank;
+    facts.line_stage = prefix.stage;
+    if let Some(r) = prefix.rank {
+        facts.max_worker_rank = facts.max_worker_rank.max(r);
+    }
+    platform::sniff(facts, line);
     let phase_here = context::scan(facts, line_no, line, g);
+    if g & gate::READY != 0 {
+        absorbed::ready(facts, line_no);
+    }
+    // A caught out-of-memory is read before any rule takes it for a failure.
+    if g & (gate::ABSORB | gate::PLATFORM | gate::SGLANG) != 0
+        && absorbed::scan(facts, line_no, line)
+    {
+        return;
+    }
     let mut matched = false;
     if g & gate::VLLM != 0 {
         matched |= vllm::scan(facts, line_no, line, phase_here);
@@ -63,9 +92,24 @@ pub fn scan_line(facts: &mut Facts, line_no: u64, line: &str) {
         matched |= not_memory::scan(facts, line_no, line);
     }
     if g & gate::EXTRA != 0 {
-        matched |= extra_families(facts, line_no, line, phase_here);
+        matched |= extra_families(facts, line_no, line, body, phase_here);
     } else if g & gate::LLAMA != 0 {
         matched |= rocm::scan(facts, line_no, line, phase_here);
+    }
+    if g & gate::SGLANG != 0 {
+        matched |= sglang::scan(facts, line_no, line);
+    }
+    if g & (gate::STARTUP26 | gate::VLLM) != 0 || facts.line_stage.is_some() {
+        matched |= vllm_startup::scan(facts, line_no, line);
+    }
+    if g & gate::PLATFORM != 0 {
+        matched |= platform::scan(facts, line_no, line, phase_here);
+    }
+    if !matched {
+        matched = platform::unknown(facts, line_no, line, phase_here);
+    }
+    if !matched && g & gate::ERROR != 0 {
+        tgi_warmup::note_exception(facts, line_no, line);
     }
     if !matched
         && g & gate::ERROR != 0
@@ -83,22 +127,20 @@ fn extra_families(
     facts: &mut Facts,
     line_no: u64,
     line: &str,
+    body: &str,
     phase_here: Option<crate::facts::Phase>,
 ) -> bool {
     let mut matched = negative_kv::scan(facts, line);
     matched |= tgi_warmup::scan(facts, line_no, line);
     matched |= rocm::scan(facts, line_no, line, phase_here);
-    if line.starts_with('|') {
-        matched |= nvidia_smi::scan(facts, line_no, line);
+    if body.trim_start().starts_with('|') {
+        matched |= nvidia_smi::scan(facts, line_no, body);
     }
     matched
 }
 
 fn looks_like_error(line: &str) -> bool {
-    line.contains("Error")
-        || line.contains("ERROR")
-        || line.contains("error:")
-        || line.contains("failed")
+    has(line, "error") || has(line, "failed")
 }
 
 /// Turns the facts into ranked findings.
@@ -115,6 +157,10 @@ pub fn conclude(facts: &mut Facts) -> Vec<Finding> {
     negative_kv::conclude(facts, &mut findings);
     tgi_warmup::conclude(facts, &mut findings);
     nvidia_smi::conclude(facts, &mut findings);
+    sglang::conclude(facts, &mut findings);
+    vllm_startup::conclude(facts, &mut findings);
+    platform::conclude(facts, &mut findings);
+    absorbed::conclude(facts, &mut findings);
     rocm::adjust(facts, &mut findings);
     let memory_found = findings.iter().any(|f| f.cause != Cause::NotOutOfMemory);
     if !memory_found {

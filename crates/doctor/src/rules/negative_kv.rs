@@ -11,6 +11,7 @@ use super::{count, gib};
 use crate::facts::Facts;
 use crate::finding::{Cause, Finding};
 use crate::parse::int_after;
+use crate::text::has;
 
 /// Share of the card kept as the KV minimum when the log gives no KV bytes per token.
 const KV_FLOOR_SHARE: f64 = 0.01;
@@ -41,17 +42,16 @@ pub fn scan(facts: &mut Facts, line: &str) -> bool {
             hit = true;
         }
     }
-    if line.contains("enable_chunked_prefill=True") || line.contains("chunked_prefill_enabled=True")
-    {
+    if has(line, "enable_chunked_prefill=True") || has(line, "chunked_prefill_enabled=True") {
         c.chunked_prefill = Some(true);
         hit = true;
-    } else if line.contains("enable_chunked_prefill=False")
-        || line.contains("chunked_prefill_enabled=False")
+    } else if has(line, "enable_chunked_prefill=False")
+        || has(line, "chunked_prefill_enabled=False")
     {
         c.chunked_prefill = Some(false);
         hit = true;
     }
-    if line.contains("enc_dec_model_runner") || line.contains("profile run for multi-modal") {
+    if has(line, "enc_dec_model_runner") || has(line, "profile run for multi-modal") {
         c.encoder_profile = true;
         hit = true;
     }

@@ -5,6 +5,7 @@
 
 use crate::facts::{Facts, record};
 use crate::finding::{Cause, Finding};
+use crate::text::has;
 
 const PATTERNS: [(&str, &str); 10] = [
     (
@@ -50,7 +51,7 @@ const PATTERNS: [(&str, &str); 10] = [
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     for (pattern, meaning) in PATTERNS {
-        if line.contains(pattern) {
+        if has(line, pattern) {
             record(&mut facts.non_memory, meaning, line_no);
             return true;
         }

@@ -6,6 +6,7 @@ use super::{gib, size};
 use crate::facts::{Facts, MAX_EVIDENCE};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::leading_number;
+use crate::text::find;
 
 /// Process rows kept.
 const MAX_PROCESSES: usize = 64;
@@ -52,13 +53,14 @@ fn keep(facts: &mut Facts, line_no: u64) {
 
 /// `|  14214MiB / 24564MiB |` inside a GPU row → (used, total) in GiB.
 fn memory_row(t: &str) -> Option<(f64, f64)> {
-    let at = t.find("MiB / ")?;
+    let at = find(t, "MiB / ")?;
     let head = &t[..at];
     let start = head.rfind(|c: char| !c.is_ascii_digit())? + 1;
     let used = head[start..].parse::<f64>().ok()?;
     let (total, used_len) = leading_number(&t[at + 6..])?;
     t[at + 6 + used_len..]
-        .starts_with("MiB")
+        .get(..3)
+        .is_some_and(|u| u.eq_ignore_ascii_case("MiB"))
         .then_some((used / 1024.0, total / 1024.0))
 }
 
@@ -71,10 +73,14 @@ fn process_row(t: &str) -> Option<(u64, u64, String, f64)> {
         return None;
     }
     let gpu = words[0].parse::<u64>().ok()?;
-    let mem = words.last()?.strip_suffix("MiB")?.parse::<f64>().ok()?;
-    let kind = words
-        .iter()
-        .position(|w| matches!(*w, "C" | "G" | "C+G" | "M" | "M+C"))?;
+    let mem = crate::text::strip_suffix(words.last()?, "MiB")?
+        .parse::<f64>()
+        .ok()?;
+    let kind = words.iter().position(|w| {
+        ["C", "G", "C+G", "M", "M+C"]
+            .iter()
+            .any(|k| k.eq_ignore_ascii_case(w))
+    })?;
     if kind < 2 || kind + 1 >= words.len() - 1 {
         return None;
     }

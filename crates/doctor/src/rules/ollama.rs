@@ -6,10 +6,53 @@
 use super::gib;
 use crate::facts::{Facts, MAX_EVIDENCE, OllamaOffload, OllamaTooLittle, record};
 use crate::finding::{Cause, Engine, Finding};
-use crate::parse::{leading_size, logfmt_size, logfmt_value, size_list};
+use crate::parse::{int_after, leading_size, logfmt_size, logfmt_value, size_list};
+use crate::text::{find, has};
+
+/// Ollama's settings as the log shows them: the server's env map (`OLLAMA_NUM_PARALLEL:4`), the
+/// runner's command line (`--ctx-size 8192 --batch-size 512 --n-gpu-layers 29 --parallel 4`) and
+/// the new engine's load request (`Parallel:4 BatchSize:512 KvSize:8192 GPULayers:29`).
+fn config(facts: &mut Facts, line: &str) -> bool {
+    let c = &mut facts.ollama_config;
+    let mut hit = false;
+    let mut take = |slot: &mut Option<u64>, keys: &[&str]| {
+        if let Some(v) = keys
+            .iter()
+            .find_map(|k| int_after(line, k))
+            .filter(|v| *v > 0)
+        {
+            *slot = Some(v);
+            hit = true;
+        }
+    };
+    take(
+        &mut c.num_parallel,
+        &["OLLAMA_NUM_PARALLEL:", "--parallel ", "Parallel:"],
+    );
+    take(&mut c.context_length, &["OLLAMA_CONTEXT_LENGTH:"]);
+    take(&mut c.ctx_size, &["--ctx-size ", "KvSize:"]);
+    take(&mut c.batch_size, &["--batch-size ", "BatchSize:"]);
+    take(&mut c.gpu_layers, &["--n-gpu-layers ", "GPULayers:"]);
+    take(&mut c.gpu_overhead, &["OLLAMA_GPU_OVERHEAD:"]);
+    if let Some(at) = find(line, "OLLAMA_KV_CACHE_TYPE:") {
+        let v: String = line[at + 21..]
+            .chars()
+            .take_while(|ch| ch.is_ascii_alphanumeric() || *ch == '_')
+            .collect();
+        c.kv_cache_type = (!v.is_empty()).then_some(v);
+        hit = true;
+    }
+    if let Some(at) = find(line, "OLLAMA_FLASH_ATTENTION:") {
+        c.flash_attention =
+            Some(crate::text::starts(&line[at + 23..], "true") || line[at + 23..].starts_with('1'));
+        hit = true;
+    }
+    hit
+}
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    if line.contains("gpu has too little memory to allocate any layers") {
+    let configured = config(facts, line);
+    if has(line, "gpu has too little memory to allocate any layers") {
         let v = OllamaTooLittle {
             name: logfmt_value(line, "name").map(str::to_owned),
             total: logfmt_size(line, "total"),
@@ -23,14 +66,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         mark(facts);
         return true;
     }
-    if line.contains("model requires more system memory (") {
-        let at = line
-            .find("model requires more system memory (")
-            .unwrap_or(0)
-            + 35;
+    if has(line, "model requires more system memory (") {
+        let at = find(line, "model requires more system memory (").unwrap_or(0) + 35;
         let required = leading_size(&line[at..]).map(|v| v.0);
-        let available = line[at..]
-            .find("than is available (")
+        let available = find(&line[at..], "than is available (")
             .and_then(|p| leading_size(&line[at + p + 19..]))
             .map(|v| v.0);
         if let (Some(r), Some(a)) = (required, available) {
@@ -39,12 +78,12 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             return true;
         }
     }
-    if line.contains("layers.offload=")
-        || line.contains("layers.model=")
-        || line.contains("memory.required.full=")
-        || line.contains("memory.available=")
-        || line.contains("memory.required.allocations=")
-        || line.contains("memory.graph.full=")
+    if has(line, "layers.offload=")
+        || has(line, "layers.model=")
+        || has(line, "memory.required.full=")
+        || has(line, "memory.available=")
+        || has(line, "memory.required.allocations=")
+        || has(line, "memory.graph.full=")
     {
         let o = facts
             .ollama_offload
@@ -59,6 +98,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         };
         first(&mut o.layers_model, "layers.model");
         first(&mut o.layers_offload, "layers.offload");
+        if facts.ollama_config.gpu_layers.is_none() {
+            facts.ollama_config.gpu_layers = o.layers_offload;
+        }
         let size_first = |slot: &mut Option<f64>, key: &str| {
             if slot.is_none() {
                 *slot = logfmt_size(line, key);
@@ -81,10 +123,10 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
         mark(facts);
         return true;
     }
-    if line.contains("memory.weights.total=") || line.contains("projector.weights=") {
+    if has(line, "memory.weights.total=") || has(line, "projector.weights=") {
         return true;
     }
-    false
+    configured
 }
 
 fn mark(facts: &mut Facts) {

@@ -5,6 +5,7 @@
 use crate::facts::Phase;
 use crate::facts::{Facts, record};
 use crate::finding::Finding;
+use crate::text::has;
 
 /// Substrings that say the log comes from a ROCm build.
 const MARKERS: [&str; 8] = [
@@ -19,15 +20,16 @@ const MARKERS: [&str; 8] = [
 ];
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
-    if !MARKERS.iter().any(|m| line.contains(m)) {
+    if !MARKERS.iter().any(|m| has(line, m)) {
         return false;
     }
     facts.rocm = true;
-    if line.contains("HIP error: out of memory")
-        || line.contains("hipErrorOutOfMemory")
-        || line.contains("ROCm error: out of memory")
+    if has(line, "HIP error: out of memory")
+        || has(line, "hipErrorOutOfMemory")
+        || has(line, "ROCm error: out of memory")
     {
         let phase = facts.phase_at(line_no, phase_here);
+        facts.saw_oom(line_no);
         record(&mut facts.cuda_error_oom, phase, line_no);
     }
     true

@@ -10,15 +10,14 @@ use super::{count, size};
 use crate::facts::{Facts, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{int_after, leading_number};
+use crate::text::{find, has, strip_prefix};
 
 /// Prefill tokens TGI uses when the launcher was given none (its documented default).
 const TGI_DEFAULT_PREFILL_TOKENS: u64 = 4096;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let mut hit = false;
-    if line.contains("Method Warmup encountered an error")
-        || line.contains("Unable to warmup model")
-    {
+    if has(line, "Method Warmup encountered an error") || has(line, "Unable to warmup model") {
         record(&mut facts.tgi_warmup, (), line_no);
         facts.saw_engine(Engine::Tgi);
         hit = true;
@@ -64,21 +63,92 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     hit
 }
 
+/// Keeps the first exception line that is not an out-of-memory (what a warm-up failure wrapped,
+/// when it was not memory).
+pub fn note_exception(facts: &mut Facts, line_no: u64, line: &str) -> bool {
+    if facts.tgi_warmup_error.is_some() {
+        return false;
+    }
+    match exception_line(line) {
+        Some(e) => {
+            record(&mut facts.tgi_warmup_error, e, line_no);
+            true
+        }
+        None => false,
+    }
+}
+
+/// `RuntimeError: …`, `torch.AcceleratorError: …`: an exception's name and message (not an
+/// out-of-memory), cut to 160 characters.
+fn exception_line(line: &str) -> Option<String> {
+    let body = &line[crate::normalise::prefix(line).body..];
+    let (head, msg) = body.split_once(": ")?;
+    let name = head.rsplit('.').next()?;
+    let is_exception =
+        !head.contains(' ') && ["Error", "Exception"].iter().any(|s| name.ends_with(s));
+    let memory =
+        has(body, "out of memory") || has(name, "OutOfMemory") || has(body, "Not enough memory");
+    (is_exception && !memory && !msg.trim().is_empty()).then(|| body.chars().take(160).collect())
+}
+
 /// `key: 4096`, `key: Some(4096)` or `--flag 4096`.
 fn launcher_value(line: &str, key: &str) -> Option<u64> {
-    let at = line.find(key)? + key.len();
+    let at = find(line, key)? + key.len();
     let rest = line[at..].trim_start_matches(['`', ' ']);
-    let rest = rest.strip_prefix("Some(").unwrap_or(rest);
+    let rest = strip_prefix(rest, "Some(").unwrap_or(rest);
     leading_number(rest)
         .filter(|(v, _)| *v >= 1.0 && v.fract() == 0.0 && *v < 1e12)
         .map(|(v, _)| v as u64)
         .or_else(|| int_after(line, key))
 }
 
+/// True when the log shows that memory ran out somewhere (any rule's out-of-memory report).
+fn memory_ran_out(facts: &Facts) -> bool {
+    facts.torch_oom.is_some()
+        || facts.tgi_prefill.is_some()
+        || facts.tgi_alloc_exceed.is_some()
+        || facts.cuda_error_oom.is_some()
+        || facts.device_oom.is_some()
+        || facts.unknown_oom.is_some()
+}
+
 pub fn conclude(facts: &Facts, out: &mut Vec<Finding>) {
     let Some(seen) = &facts.tgi_warmup else {
         return;
     };
+    if facts.tgi_total_tokens.is_some() {
+        // The total-token pool is what ran out; its own finding says so.
+        return;
+    }
+    if !memory_ran_out(facts) {
+        // The warm-up wraps every exception; without an out-of-memory in the log it is another
+        // failure (a kernel, a shape, a missing feature), which no prefill setting fixes.
+        let what = facts
+            .tgi_warmup_error
+            .as_ref()
+            .map(|e| format!(": \"{}\"", e.value))
+            .unwrap_or_default();
+        let at = facts
+            .tgi_config
+            .max_batch_prefill_tokens
+            .map(|p| format!(" at {} prefill tokens", count(p)))
+            .unwrap_or_default();
+        let mut lines = seen.lines.clone();
+        if let Some(e) = &facts.tgi_warmup_error {
+            lines.extend(e.lines.iter().copied());
+        }
+        out.push(
+            Finding::new(Cause::NotOutOfMemory, 0.9)
+                .count("max_batch_prefill_tokens", facts.tgi_config.max_batch_prefill_tokens)
+                .fix(format!(
+                    "TGI's warm-up failed{at} with an error that is not an out-of-memory{what}: the log has no out-of-memory report, \
+                     so lowering `--max-batch-prefill-tokens` will not help; it is an engine or model problem (upgrade TGI, check the \
+                     model's support and the kernels for this GPU)"
+                ))
+                .lines(lines),
+        );
+        return;
+    }
     let c = &facts.tgi_config;
     let reported = facts.tgi_prefill.as_ref().map(|s| s.value);
     let prefill = reported.or(c.max_batch_prefill_tokens);

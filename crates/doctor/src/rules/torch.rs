@@ -11,18 +11,19 @@ use super::{gib, size};
 use crate::facts::{Facts, Phase, TorchOom, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{leading_number, leading_size, size_after};
+use crate::text::{ends, find, has, rfind, strip_prefix};
 
 /// Memory a CUDA context and driver take in every process, not counted as "other processes".
 const CONTEXT_ALLOWANCE_GIB: f64 = 0.5;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
-    if !line.contains("Tried to allocate") {
+    if !has(line, "Tried to allocate") {
         return false;
     }
     // A crash loop repeats the same report: once enough evidence is kept, only count it.
     if let Some(seen) = facts.torch_oom.as_mut()
         && seen.lines.len() >= crate::facts::MAX_EVIDENCE
-        && (line.contains("total capac") || line.contains("total capacty"))
+        && (has(line, "total capac") || has(line, "total capacty"))
     {
         seen.again(line_no);
         return true;
@@ -34,9 +35,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         request,
         ..Default::default()
     };
-    if line.contains("total capacity of") || line.contains("total capacty of") {
+    if has(line, "total capacity of") || has(line, "total capacty of") {
         current_wording(&mut oom, line);
-    } else if line.contains("total capacity;") {
+    } else if has(line, "total capacity;") {
         old_wording(&mut oom, line);
     } else {
         return false;
@@ -44,14 +45,15 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
     oom.phase = facts.phase_at(line_no, phase_here);
     oom.worker_rank = worker_rank(line);
     facts.saw_engine(Engine::PyTorch);
+    facts.saw_oom(line_no);
     record(&mut facts.torch_oom, oom, line_no);
     true
 }
 
 fn current_wording(oom: &mut TorchOom, line: &str) {
-    if let Some(at) = line.find(" has a total capac") {
+    if let Some(at) = find(line, " has a total capac") {
         let head = &line[..at];
-        if let Some(g) = head.rfind("GPU ") {
+        if let Some(g) = rfind(head, "GPU ") {
             oom.device = leading_number(&head[g + 4..]).map(|v| v.0 as u64);
         }
     }
@@ -60,12 +62,12 @@ fn current_wording(oom: &mut TorchOom, line: &str) {
     oom.free = size_after(line, "of which");
     oom.this_process = size_after(line, "this process has");
     let mut rest = line;
-    while let Some(at) = rest.find("Process ") {
+    while let Some(at) = find(rest, "Process ") {
         rest = &rest[at + 8..];
         let Some((pid, used)) = leading_number(rest) else {
             continue;
         };
-        if let Some(after) = rest[used..].strip_prefix(" has ")
+        if let Some(after) = strip_prefix(&rest[used..], " has ")
             && let Some((gib, _)) = leading_size(after)
         {
             oom.processes.push((pid as u64, gib));
@@ -75,21 +77,20 @@ fn current_wording(oom: &mut TorchOom, line: &str) {
         }
     }
     oom.allocated = size_after(line, "Of the allocated memory");
-    if line.contains("allocated in private pools") {
-        oom.private_pools = line
-            .find("allocated by PyTorch, with")
+    if has(line, "allocated in private pools") {
+        oom.private_pools = find(line, "allocated by PyTorch, with")
             .and_then(|at| leading_size(line[at + 26..].trim_start()).map(|v| v.0));
     }
-    if let Some(at) = line.find(" is reserved by PyTorch but unallocated") {
+    if let Some(at) = find(line, " is reserved by PyTorch but unallocated") {
         let head = &line[..at];
-        if let Some(and) = head.rfind("and ") {
+        if let Some(and) = rfind(head, "and ") {
             oom.reserved_unallocated = leading_size(&head[and + 4..]).map(|v| v.0);
         }
     }
 }
 
 fn old_wording(oom: &mut TorchOom, line: &str) {
-    let Some(open) = line.find("(GPU ") else {
+    let Some(open) = find(line, "(GPU ") else {
         return;
     };
     let inner = &line[open + 5..];
@@ -104,13 +105,13 @@ fn old_wording(oom: &mut TorchOom, line: &str) {
         let Some((v, _)) = leading_size(part) else {
             continue;
         };
-        if part.ends_with("total capacity") {
+        if ends(part, "total capacity") {
             oom.total = Some(v);
-        } else if part.ends_with("already allocated") {
+        } else if ends(part, "already allocated") {
             oom.allocated = Some(v);
-        } else if part.ends_with(" free") {
+        } else if ends(part, " free") {
             oom.free = Some(v);
-        } else if part.ends_with("reserved in total by PyTorch") {
+        } else if ends(part, "reserved in total by PyTorch") {
             oom.reserved_total = Some(v);
         }
     }
@@ -225,24 +226,7 @@ fn torch_findings(
     let free = oom.free.unwrap_or(0.0);
     let shortfall = (oom.request - free).max(0.0);
     let drop = utilization_drop_for(shortfall.max(1.0 / 1024.0), total).filter(|_| total > 0.0);
-    let util = facts
-        .startup
-        .breakdown
-        .utilization
-        .or(facts.utilization_config);
-    let budget_fix = match (facts.engine, drop) {
-        (Some(Engine::Vllm) | None, Some(d)) => match util {
-            Some(u) if u - d > 0.0 => format!(
-                "`--gpu-memory-utilization {:.2}` (from {u:.2})",
-                headroom_plan::advice::floor_to(u - d, 2)
-            ),
-            _ => format!("lower `--gpu-memory-utilization` by at least {d:.2}"),
-        },
-        (Some(Engine::Tgi), Some(d)) => {
-            format!("lower `--cuda-memory-fraction` by at least {d:.2}")
-        }
-        _ => format!("free {} on the device", size(shortfall.max(0.0))),
-    };
+    let budget_fix = budget_fix(facts, drop, shortfall);
     let need_line = format!(
         "the allocation of {} met {} free{}",
         size(oom.request),
@@ -279,11 +263,21 @@ fn torch_findings(
                 || oom.worker_rank.is_some_and(|r| r > 0)
                 || facts.max_worker_rank > 0
                 || facts.tp.is_some_and(|t| t > 1);
-            out.push(base(Cause::CudaGraphCapture, 0.9, oom, &acc, lines).fix(format!(
-                "{need_line} {}: the graph pool lives outside the KV budget in older vLLM; {budget_fix}, capture fewer sizes (`--max-num-seqs`), or `--enforce-eager`{}",
-                Phase::GraphCapture.describe(),
-                if multi_gpu { super::vllm::multi_gpu_capture_note(facts) } else { String::new() }
-            )));
+            let (advice, new_util) = graph_capture_advice(facts, oom, shortfall, &budget_fix);
+            out.push(
+                base(Cause::CudaGraphCapture, 0.9, oom, &acc, lines)
+                    .num("utilization_that_fits", new_util)
+                    .fix(format!(
+                        "{need_line} {}: {advice}{}{}",
+                        Phase::GraphCapture.describe(),
+                        super::vllm::kv_fits_note(facts),
+                        if multi_gpu {
+                            super::vllm::multi_gpu_capture_note(facts)
+                        } else {
+                            String::new()
+                        }
+                    )),
+            );
         }
         Some(Phase::LoadWeights) => {
             let loaded = oom.allocated.or(acc.this_process);
@@ -313,12 +307,29 @@ fn torch_findings(
         Some(Phase::Profiling) | Some(Phase::Request) | Some(Phase::KvAllocation) => {
             let phase = oom.phase.map(Phase::describe).unwrap_or_default();
             out.push(base(Cause::ActivationPeak, 0.8, oom, &acc, lines).fix(format!(
-                "{need_line} {phase}: the peak needs {} more; {budget_fix} to leave room for it, or lower {} (the peak grows with tokens per step)",
+                "{need_line} {phase}: the peak needs {} more; {budget_fix} to leave room for it, or lower {} (the peak grows with tokens per step){}",
                 size(shortfall),
-                knobs.batch
+                knobs.batch,
+                super::vllm::kv_fits_note(facts)
             )));
         }
         None => {}
+    }
+
+    if facts.platform == Some(crate::finding::Platform::Xpu)
+        && oom.request >= XPU_SINGLE_ALLOCATION_GIB
+        && oom.free.is_none_or(|f| f >= oom.request)
+    {
+        out.push(base(Cause::ActivationPeak, 0.92, oom, &acc, lines).fix(format!(
+            "one allocation of {} GiB on an Intel GPU{}: Level Zero caps a single allocation (maxMemAllocSize, about {XPU_SINGLE_ALLOCATION_GIB} GiB on \
+             many cards) below the card's memory; set `UR_L0_USE_RELAXED_ALLOCATION_LIMITS=1` in the environment, or make the step that asks \
+             for it smaller ({})",
+            gib(oom.request),
+            oom.free
+                .map(|f| format!(" with {} GiB free", gib(f)))
+                .unwrap_or_default(),
+            knobs.batch
+        )));
     }
 
     if total > 0.0 && oom.request > total {
@@ -329,7 +340,12 @@ fn torch_findings(
             oom.request / total,
             gib(total),
             knobs.batch
-        )));
+        ) + if facts.platform == Some(crate::finding::Platform::Rocm) {
+            "; on a ROCm APU (Strix Halo, gfx1151) the capacity PyTorch reports can be far below the VRAM/GTT the BIOS and kernel give the GPU: \
+             compare it with `rocm-smi --showmeminfo vram` before shrinking the step"
+        } else {
+            ""
+        }));
     }
 
     if let Some(held) = acc.held_elsewhere.filter(|h| *h >= 0.5) {
@@ -342,10 +358,16 @@ fn torch_findings(
             format!(
                 "{need_line} ({short_text}); freeing that memory gives the process room to work with"
             )
-        } else {
+        } else if shortfall <= held {
             format!(
                 "{need_line}: freeing {} of it (stopping that process) fits the request",
                 size(shortfall)
+            )
+        } else {
+            format!(
+                "{need_line}: {} short, more than the {} held elsewhere: freeing all of it is not enough on its own",
+                size(shortfall),
+                size(held)
             )
         };
         let pids = if acc.others_listed > 0.0 {
@@ -358,6 +380,7 @@ fn torch_findings(
         } else {
             String::new()
         };
+        let frees = if not_short { held } else { shortfall.min(held) };
         out.push(
             base(
                 Cause::OtherProcessHoldsMemory,
@@ -366,6 +389,7 @@ fn torch_findings(
                 &acc,
                 lines,
             )
+            .num("frees_gib", Some(frees))
             .fix(format!(
                 "{} of the {} GiB GPU is held outside this process's PyTorch memory{}; {relief}{}",
                 size(held),
@@ -388,7 +412,14 @@ fn torch_findings(
     match fragmentation_verdict(oom.request, unalloc, free) {
         FragmentationVerdict::CachedExceedsRequest => {
             let ratio = unalloc / oom.request;
-            out.push(base(Cause::Fragmentation, 0.7 + 0.2 * ((ratio - 1.0) / 4.0).clamp(0.0, 1.0), oom, &acc, lines).fix(format!(
+            // When other processes hold more than the cached-but-unallocated memory, they are the
+            // larger explanation of a full card and rank first.
+            let ceiling = match acc.held_elsewhere {
+                Some(h) if h >= 0.5 && h > unalloc && !not_short => 0.6,
+                _ => 1.0,
+            };
+            let likelihood = (0.7 + 0.2 * ((ratio - 1.0) / 4.0).clamp(0.0, 1.0)).min(ceiling);
+            out.push(base(Cause::Fragmentation, likelihood, oom, &acc, lines).fix(format!(
                 "the request needs {}; {} is reserved but unallocated: set `PYTORCH_ALLOC_CONF=expandable_segments:True` \
                  (`PYTORCH_CUDA_ALLOC_CONF` before PyTorch 2.6) so cached segments can grow instead of splitting{}",
                 size(oom.request),
@@ -410,6 +441,7 @@ fn torch_findings(
     let rank = oom.worker_rank.filter(|r| *r > 0);
     if (oom.device.is_some_and(|d| d > 0) || rank.is_some())
         && oom.phase != Some(Phase::GraphCapture)
+        && !not_short
     {
         let who = match (rank, oom.device) {
             (Some(r), Some(d)) => format!("worker rank {r} on GPU {d}"),
@@ -445,6 +477,148 @@ fn torch_findings(
     }
 }
 
+/// The budget change that frees `shortfall` on this engine: a lower vLLM utilization, TGI memory
+/// fraction or SGLang static fraction, from the value the log states; elsewhere the memory to free.
+fn budget_fix(facts: &Facts, drop: Option<f64>, shortfall: f64) -> String {
+    let lowered = |flag: &str, from: Option<f64>, d: f64| match from {
+        Some(u) if u - d > 0.0 => format!(
+            "`{flag} {:.2}` (from {u:.2})",
+            headroom_plan::advice::floor_to(u - d, 2)
+        ),
+        _ => format!("lower `{flag}` by at least {d:.2}"),
+    };
+    let util = facts
+        .startup
+        .breakdown
+        .utilization
+        .or(facts.utilization_config);
+    match (facts.engine, drop) {
+        (Some(Engine::Vllm) | None, Some(d)) => lowered("--gpu-memory-utilization", util, d),
+        (Some(Engine::Tgi), Some(d)) => lowered("--cuda-memory-fraction", None, d),
+        (Some(Engine::Sglang), Some(d)) => {
+            lowered("--mem-fraction-static", facts.sglang.mem_fraction_static, d)
+        }
+        (Some(Engine::Sglang), None) => {
+            "a lower `--mem-fraction-static` (the card's total is not in this log to size it)"
+                .into()
+        }
+        (Some(Engine::Vllm), None) => {
+            "a lower `--gpu-memory-utilization` (the card's total is not in this log to size it)"
+                .into()
+        }
+        _ => format!("free {} on the device", size(shortfall.max(0.0))),
+    }
+}
+
+/// What a capture-time out-of-memory calls for. When the engine counted an estimate of the graphs
+/// inside its budget (vLLM ≥ 0.21 profiles them), only the estimate's error is missing and the
+/// budget drop that frees the shortfall fits. When graphs live outside the budget (older vLLM),
+/// the failed allocation is only the one that tipped a full card: the pool is larger than what
+/// the log shows, so `--enforce-eager` comes first and a utilization that leaves vLLM's own
+/// stated 1–3 GiB for graphs second. Returns the text and the utilization it names.
+fn graph_capture_advice(
+    facts: &Facts,
+    oom: &TorchOom,
+    shortfall: f64,
+    budget_fix: &str,
+) -> (String, Option<f64>) {
+    if facts.engine == Some(Engine::Sglang) {
+        let bs = facts
+            .sglang
+            .cuda_graph_max_bs
+            .map(|b| format!("`--cuda-graph-max-bs {}` (from {b})", (b / 2).max(1)))
+            .unwrap_or_else(|| "a lower `--cuda-graph-max-bs` (fewer batch sizes captured)".into());
+        return (
+            format!(
+                "SGLang captures graphs in the room `--mem-fraction-static` leaves outside its static pool; {budget_fix} gives them that room, or {bs}, or `--disable-cuda-graph`"
+            ),
+            None,
+        );
+    }
+    let estimate = facts.startup.cuda_graph_estimate_gib.or_else(|| {
+        let g = facts.graph_profiling?;
+        let t = facts.startup.breakdown.total_gib.or(oom.total)?;
+        Some((g.utilization - g.equivalent) * t)
+    });
+    let total = oom.total.or(facts.startup.breakdown.total_gib);
+    let util = facts
+        .startup
+        .breakdown
+        .utilization
+        .or(facts.utilization_config)
+        .or(facts.graph_profiling.map(|g| g.utilization));
+    let profiled = facts.graph_profiled
+        || facts.graph_profiling.is_some()
+        || facts.startup.cuda_graph_estimate_gib.is_some();
+    if profiled {
+        let new_util = match (util, total) {
+            (Some(u), Some(t)) if t > 0.0 => {
+                headroom_plan::advice::utilization_drop_for(shortfall.max(1.0 / 1024.0), t)
+                    .map(|d| headroom_plan::advice::floor_to(u - d, 2))
+                    .filter(|n| *n > 0.0)
+            }
+            _ => None,
+        };
+        return (
+            format!(
+                "this vLLM counted an estimate{} for CUDA graphs inside its budget, and the real capture (after the KV pool was allocated) took {} more: {budget_fix} covers it, or capture fewer sizes (`--max-num-seqs`, `--cudagraph-capture-sizes`), or `--enforce-eager`",
+                estimate
+                    .map(|e| format!(" of {} GiB", gib(e)))
+                    .unwrap_or_default(),
+                size(shortfall)
+            ),
+            new_util,
+        );
+    }
+    let full_card = oom.free.is_some_and(|f| f < 0.1) || shortfall < 0.25;
+    if full_card
+        && let (Some(u), Some(t)) = (util, total)
+        && t > GRAPH_ROOM_GIB
+    {
+        let leave = headroom_plan::advice::floor_to((t - GRAPH_ROOM_GIB) / t, 2);
+        let by_short = headroom_plan::advice::utilization_drop_for(shortfall.max(1.0 / 1024.0), t)
+            .map(|d| headroom_plan::advice::floor_to(u - d, 2))
+            .unwrap_or(u);
+        let new_util = leave.min(by_short);
+        if new_util < u {
+            return (
+                format!(
+                    "the graph pool lives outside the utilization budget in this vLLM and the {} allocation that failed is only the one that tipped a full card: the pool is larger. `--enforce-eager` (no graphs) fixes it; to keep graphs, leave them room outside the budget — vLLM's own note puts graphs at 1–3 GiB per GPU: `--gpu-memory-utilization {new_util:.2}` (from {u:.2}, leaves {} GiB), or capture fewer sizes (`--max-num-seqs`)",
+                    size(oom.request),
+                    gib(t * (1.0 - new_util))
+                ),
+                Some(new_util),
+            );
+        }
+    }
+    (
+        format!(
+            "the graph pool lives outside the KV budget in this vLLM; `--enforce-eager` skips graphs, or {budget_fix}, or capture fewer sizes (`--max-num-seqs`)"
+        ),
+        None,
+    )
+}
+
+/// The tool that shows a device's memory on each platform.
+fn memory_report(platform: Option<crate::finding::Platform>) -> &'static str {
+    use crate::finding::Platform;
+    match platform {
+        Some(Platform::Rocm) => "`rocm-smi --showmeminfo vram`",
+        Some(Platform::Xpu) => "`xpu-smi stats`",
+        Some(Platform::Mps) | Some(Platform::Metal) => {
+            "Activity Monitor's memory pressure (the GPU shares the Mac's memory)"
+        }
+        Some(Platform::Vulkan) => "the driver's memory report (`vulkaninfo --summary`, `nvtop`)",
+        _ => "`nvidia-smi`",
+    }
+}
+
+/// Intel GPUs' usual cap on one allocation (Level Zero `maxMemAllocSize`), in GiB.
+const XPU_SINGLE_ALLOCATION_GIB: f64 = 4.0;
+
+/// Room vLLM's own log message says CUDA graphs take per GPU at most ("1~3 GiB").
+const GRAPH_ROOM_GIB: f64 = 3.0;
+
 /// An OOM with no sizes (driver-level "CUDA error: out of memory"): name the phase and say which
 /// numbers are missing.
 pub fn sizeless_findings(
@@ -455,7 +629,10 @@ pub fn sizeless_findings(
     out: &mut Vec<Finding>,
 ) {
     let knobs = facts.knobs();
-    let missing = "the message carries no sizes: the request, the free memory and the card total are missing (`nvidia-smi` at the time, or the PyTorch OOM line if the log has one)";
+    let missing = format!(
+        "the message carries no sizes: the request, the free memory and the card total are missing ({} at the time, or the PyTorch OOM line if the log has one)",
+        memory_report(facts.platform)
+    );
     let (cause, likelihood, advice) = match phase {
         Some(Phase::LoadWeights) => (
             Cause::WeightsDoNotFit,

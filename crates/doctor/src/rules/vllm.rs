@@ -14,22 +14,21 @@ use super::{count, gib, plan_hint, size};
 use crate::facts::{Facts, KvNeed, KvTokensShort, Phase, StartupFree, record};
 use crate::finding::{Cause, Engine, Finding};
 use crate::parse::{int_after, leading_number, leading_size, number_after, size_after};
+use crate::text::{find, has, rfind, starts};
 
 const MAX_STARTUP_EVIDENCE: usize = 24;
 
 pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phase>) -> bool {
     if !facts.vllm_v1
-        && (line.contains("EngineCore")
-            || line.contains("gpu_worker.py")
-            || line.contains("gpu_model_runner"))
+        && (has(line, "EngineCore") || has(line, "gpu_worker.py") || has(line, "gpu_model_runner"))
     {
         facts.vllm_v1 = true;
     }
-    if line.contains("Free memory on device") {
+    if has(line, "Free memory on device") {
         let hit = startup_free(facts, line_no, line);
         return profiling_lines(facts, line_no, line) || hit;
     }
-    if line.contains("Desired GPU memory utilization is (") {
+    if has(line, "Desired GPU memory utilization is (") {
         if let Some((util, budget)) = pair_after(line, "Desired GPU memory utilization is (") {
             let b = &mut facts.startup.breakdown;
             b.utilization.get_or_insert(util);
@@ -38,16 +37,25 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         }
         return true;
     }
-    if line.contains("KV cache is needed, which is larger than the available KV cache memory") {
-        let max_len = int_after(line, "max seq len (");
-        let need = line
-            .find("max seq len (")
-            .and_then(|at| line[at..].find("), (").map(|p| at + p + 4))
-            .and_then(|at| leading_size(&line[at..]).map(|(v, _)| v));
+    if has(line, "max seq len (") && has(line, "To serve at least one request") {
+        // The length the check was made for; the sizes may follow on this line or the next.
+        facts.kv_need_len = int_after(line, "max seq len (").map(|n| (n, line_no));
+    }
+    if has(line, "KV cache is needed") && has(line, "available KV cache memory") {
+        // "… max seq len (L), (X GiB KV cache is needed, which is larger than the available KV
+        // cache memory (Y GiB)", older and newer wordings (with or without the parenthesis).
+        let max_len = int_after(line, "max seq len (").or_else(|| {
+            facts
+                .kv_need_len
+                .filter(|(_, at)| line_no.saturating_sub(*at) <= 2)
+                .map(|(n, _)| n)
+        });
+        let need = size_before(line, " KV cache is needed");
         let available = size_after(line, "available KV cache memory (");
         if let (Some(max_model_len), Some(need), Some(available)) = (max_len, need, available) {
             let estimated_max_len = int_after(line, "estimated maximum model length is ");
             facts.saw_engine(Engine::Vllm);
+            facts.saw_oom(line_no);
             record(
                 &mut facts.kv_need,
                 KvNeed {
@@ -61,12 +69,24 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
             return true;
         }
     }
-    if line.contains("is larger than the maximum number of tokens that can be stored in KV cache")
-        && let (Some(max_model_len), Some(kv_tokens)) = (
-            int_after(line, "max seq len ("),
-            int_after(line, "stored in KV cache ("),
-        )
+    if has(line, "estimated maximum model length is")
+        && let Some(seen) = facts.kv_need.as_mut()
+        && seen.value.estimated_max_len.is_none()
+        && seen
+            .lines
+            .last()
+            .is_some_and(|l| line_no.saturating_sub(*l) <= 2)
     {
+        seen.value.estimated_max_len = int_after(line, "estimated maximum model length is ");
+        return true;
+    }
+    if has(
+        line,
+        "is larger than the maximum number of tokens that can be stored in KV cache",
+    ) && let (Some(max_model_len), Some(kv_tokens)) = (
+        int_after(line, "max seq len ("),
+        int_after(line, "stored in KV cache ("),
+    ) {
         facts.vllm_v0 = true;
         facts.saw_engine(Engine::Vllm);
         record(
@@ -79,20 +99,22 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
         );
         return true;
     }
-    if line.contains("No available memory for the cache blocks") {
+    if has(line, "No available memory for the cache blocks") {
         facts.saw_engine(Engine::Vllm);
         record(&mut facts.no_cache_blocks, (), line_no);
         return true;
     }
-    if line.contains("when warming up sampler with")
+    if has(line, "when warming up sampler with")
         && let Some(n) = int_after(line, "warming up sampler with ")
     {
         facts.saw_engine(Engine::Vllm);
+        facts.saw_oom(line_no);
         record(&mut facts.sampler_warmup, n, line_no);
         return true;
     }
-    if line.contains("CUDA error: out of memory") {
+    if has(line, "CUDA error: out of memory") {
         let phase = facts.phase_at(line_no, phase_here);
+        facts.saw_oom(line_no);
         record(&mut facts.cuda_error_oom, phase, line_no);
         return true;
     }
@@ -106,9 +128,9 @@ pub fn scan(facts: &mut Facts, line_no: u64, line: &str, phase_here: Option<Phas
 /// VLLM_CPU_KVCACHE_SPACE, Y the node's memory) and "CPU KV cache size: N tokens, …".
 fn cpu_kv_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let b = &mut facts.startup.breakdown;
-    let hit = if line.contains("GiB for KV cache on node") {
+    let hit = if has(line, "GiB for KV cache on node") {
         set(&mut b.kv_cache_gib, number_after(line, "Explicitly set ("))
-    } else if line.contains("CPU KV cache size:") {
+    } else if has(line, "CPU KV cache size:") {
         let tokens = set_count(&mut b.kv_tokens, int_after(line, "CPU KV cache size:"));
         // The same line carries "Maximum concurrency for L tokens per request: Cx".
         profiling_lines(facts, line_no, line) || tokens
@@ -122,7 +144,7 @@ fn cpu_kv_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
 }
 
 fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
-    let Some(at) = line.find("Free memory on device") else {
+    let Some(at) = find(line, "Free memory on device") else {
         return false;
     };
     let rest = &line[at + "Free memory on device".len()..];
@@ -142,7 +164,7 @@ fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     else {
         return false;
     };
-    if line.contains("is less than desired GPU memory utilization (") {
+    if has(line, "is less than desired GPU memory utilization (") {
         let Some((util, requested)) = pair_after(line, "desired GPU memory utilization (") else {
             return false;
         };
@@ -166,9 +188,22 @@ fn startup_free(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     true
 }
 
+/// The size written just before `marker`: `3.87 GiB` in "3.87 GiB for weights".
+fn size_before(line: &str, marker: &str) -> Option<f64> {
+    let at = find(line, marker)?;
+    let head = line[..at].trim_end();
+    let unit_start = head.rfind(' ')? + 1;
+    let num_end = head[..unit_start].trim_end();
+    let num_start = num_end
+        .rfind(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or(0, |i| i + 1);
+    let text = format!("{} {}", &num_end[num_start..], &head[unit_start..]);
+    leading_size(&text).map(|v| v.0)
+}
+
 /// `(0.9, 19.84 GiB)` after `marker`.
 fn pair_after(line: &str, marker: &str) -> Option<(f64, f64)> {
-    let at = line.find(marker)? + marker.len();
+    let at = find(line, marker)? + marker.len();
     let (a, used) = leading_number(&line[at..])?;
     let rest = line[at + used..].strip_prefix(',')?.trim_start();
     let (b, _) = leading_number(rest)?;
@@ -208,13 +243,13 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
     let mut hit = false;
     {
         let b = &mut facts.startup.breakdown;
-        if line.contains("Loading model weights took") || line.contains("Model loading took") {
+        if has(line, "Loading model weights took") || has(line, "Model loading took") {
             hit |= set(
                 &mut b.weights_gib,
                 size_after(line, "weights took").or_else(|| size_after(line, "loading took")),
             );
         }
-        if line.contains("total_gpu_memory=") {
+        if has(line, "total_gpu_memory=") {
             // Late-2024 one-line format: peak_torch includes the weights.
             let total = size_after(line, "total_gpu_memory=");
             let peak_torch = size_after(line, "peak_torch_memory=");
@@ -231,7 +266,7 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             if let (Some(p), Some(w)) = (peak_torch, b.weights_gib) {
                 set(&mut b.activation_peak_gib, Some((p - w).max(0.0)));
             }
-        } else if line.contains("total_gpu_memory (") {
+        } else if has(line, "total_gpu_memory (") {
             hit |= set(&mut b.total_gib, size_after(line, "total_gpu_memory ("));
             hit |= set(
                 &mut b.utilization,
@@ -239,65 +274,64 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             );
             hit |= set(
                 &mut b.budget_gib,
-                line.rfind(") = ")
+                rfind(line, ") = ")
                     .and_then(|at| leading_size(&line[at + 4..]))
                     .map(|v| v.0),
             );
-        } else if line.contains("total_gpu_memory") {
+        } else if has(line, "total_gpu_memory") {
             hit |= set(&mut b.total_gib, size_after(line, "total_gpu_memory"));
-        } else if line.contains("] gpu_memory_utilization") {
+        } else if has(line, "] gpu_memory_utilization") {
             hit |= set(
                 &mut b.utilization,
                 number_after(line, "gpu_memory_utilization"),
             );
         }
-        if line.contains("the current vLLM instance can use") && !line.contains("total_gpu_memory")
-        {
+        if has(line, "the current vLLM instance can use") && !has(line, "total_gpu_memory") {
             hit |= set(
                 &mut b.budget_gib,
                 size_after(line, "the current vLLM instance can use"),
             );
         }
-        if line.contains("model weights take") {
+        if has(line, "model weights take") {
             hit |= set(&mut b.weights_gib, size_after(line, "model weights take"));
         }
-        if line.contains("non_torch_memory") && !line.contains("non_torch_memory=") {
+        if has(line, "non_torch_memory") && !has(line, "non_torch_memory=") {
             let v = size_after(line, "non_torch_memory takes")
                 .or_else(|| size_after(line, "non_torch_memory"));
             hit |= set(&mut b.non_torch_gib, v);
         }
-        if line.contains("PyTorch activation peak memory") {
+        if has(line, "PyTorch activation peak memory") {
             let v = size_after(line, "activation peak memory takes")
                 .or_else(|| size_after(line, "activation peak memory"));
             hit |= set(&mut b.activation_peak_gib, v);
         }
-        if line.contains("reserved for KV Cache is") {
+        if has(line, "reserved for KV Cache is") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "reserved for KV Cache is"),
             );
         }
-        if line.contains("available_kv_cache_memory") {
+        if has(line, "available_kv_cache_memory") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "available_kv_cache_memory"),
             );
         }
-        if line.contains("Available KV cache memory:") {
+        if has(line, "Available KV cache memory:") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "Available KV cache memory:"),
             );
         }
         for marker in ["GPU blocks: ", "cuda blocks: ", "CUDA blocks: "] {
-            if line.contains(marker) {
+            if has(line, marker) {
                 hit |= set_count(&mut b.gpu_blocks, int_after(line, marker));
             }
         }
-        if line.contains("GPU KV cache size:") {
+        if has(line, "GPU KV cache size:") {
             hit |= set_count(&mut b.kv_tokens, int_after(line, "GPU KV cache size:"));
         }
-        if line.contains("Maximum concurrency for") {
+        if has(line, "Maximum concurrency for") {
             hit |= set_count(
                 &mut b.max_model_len,
                 int_after(line, "Maximum concurrency for"),
@@ -307,30 +341,49 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
                 number_after(line, "tokens per request:"),
             );
         }
-        if line.contains("Actual usage is") {
-            // V1 recommendation: "Actual usage is W GiB for weight, A GiB for peak activation,
-            // N GiB for non-torch memory, and C GiB for CUDAGraph memory."
-            hit |= set(&mut b.weights_gib, size_after(line, "Actual usage is"));
-            hit |= set(&mut b.activation_peak_gib, size_after(line, "for weight,"));
+        if has(line, "Actual usage") {
+            // The start-up recommendation, in each version's words: "W GiB for weight, A GiB for
+            // peak activation, N GiB for non-torch memory, and C GiB for CUDAGraph memory", or
+            // "X GiB for consumed memory (weights + non-torch), A GiB for peak activation, and C
+            // GiB for CUDAGraph memory", or "… for NPU graph memory".
+            hit |= set(&mut b.weights_gib, size_before(line, " for weight"));
             hit |= set(
-                &mut b.non_torch_gib,
-                size_after(line, "for peak activation,"),
+                &mut b.activation_peak_gib,
+                size_before(line, " for peak activation"),
             );
+            hit |= set(&mut b.non_torch_gib, size_before(line, " for non-torch"));
             hit |= set(
                 &mut b.cuda_graph_gib,
-                size_after(line, "non-torch memory, and"),
+                size_before(line, " for CUDAGraph").or_else(|| size_before(line, " graph memory")),
             );
         }
-        if line.contains("kv cache memory in use is") {
+        // V1's debug summary: "Memory profiling takes N seconds. Total non KV cache memory: X;
+        // torch peak memory increase: A; non-torch forward increase memory: N; weights memory: W."
+        if has(line, "non-torch forward increase memory") {
+            hit |= set(
+                &mut b.non_torch_gib,
+                size_after(line, "non-torch forward increase memory:"),
+            );
+            hit |= set(
+                &mut b.activation_peak_gib,
+                size_after(line, "torch peak memory increase:"),
+            );
+            hit |= set(&mut b.weights_gib, size_after(line, "weights memory:"));
+        }
+        if has(line, "Requested memory:") && has(line, "(util)") {
+            hit |= set(&mut b.utilization, number_after(line, "Requested memory:"));
+            hit |= set(&mut b.budget_gib, size_after(line, "(util),"));
+        }
+        if has(line, "kv cache memory in use is") {
             hit |= set(
                 &mut b.kv_cache_gib,
                 size_after(line, "kv cache memory in use is"),
             );
         }
-        if line.contains("Graph capturing finished") {
+        if has(line, "Graph capturing finished") {
             hit |= set(&mut b.cuda_graph_gib, size_after(line, ", took"));
         }
-        if line.contains("CUDA graph pool memory:") {
+        if has(line, "CUDA graph pool memory:") {
             hit |= set(
                 &mut b.cuda_graph_gib,
                 size_after(line, "CUDA graph pool memory:"),
@@ -341,13 +394,19 @@ fn profiling_lines(facts: &mut Facts, line_no: u64, line: &str) -> bool {
             );
         }
     }
-    if line.contains("Estimated CUDA graph memory:") {
+    if has(line, "Actual usage") && has(line, "for consumed memory") {
+        hit |= set(
+            &mut facts.startup.consumed_gib,
+            size_before(line, " for consumed memory"),
+        );
+    }
+    if has(line, "Estimated CUDA graph memory:") {
         hit |= set(
             &mut facts.startup.cuda_graph_estimate_gib,
             size_after(line, "Estimated CUDA graph memory:"),
         );
     }
-    if line.contains("Memory profiling takes") || line.contains("Memory profiling results") {
+    if has(line, "Memory profiling takes") || has(line, "Memory profiling results") {
         facts.vllm_v0 = true;
         hit = true;
     }
@@ -364,6 +423,24 @@ pub fn finish_startup(facts: &mut Facts) {
     s.pipeline_parallel_size = facts.pp;
     s.model = facts.model.clone();
     s.block_size = facts.block_size;
+    if let Some(k) = facts.kv_cache_memory {
+        s.kv_cache_memory_fits_bytes = k.fits_requested;
+        s.kv_cache_memory_fills_bytes = k.fills_card;
+        if !s.evidence_lines.contains(&k.line) {
+            s.evidence_lines.push(k.line);
+        }
+    }
+    if let Some(g) = facts.graph_profiling {
+        if s.cuda_graph_estimate_gib.is_none()
+            && let Some(t) = s.breakdown.total_gib
+        {
+            s.cuda_graph_estimate_gib = Some((g.utilization - g.equivalent).max(0.0) * t);
+        }
+        if !s.evidence_lines.contains(&g.line) {
+            s.evidence_lines.push(g.line);
+        }
+        s.evidence_lines.sort_unstable();
+    }
     let b = &mut s.breakdown;
     if b.utilization.is_none() {
         b.utilization = facts.utilization_config;
@@ -485,7 +562,7 @@ fn kv_fp8_applicable(facts: &Facts) -> bool {
     !facts
         .kv_cache_dtype
         .as_deref()
-        .is_some_and(|d| d.starts_with("fp8") || d.contains("fp4"))
+        .is_some_and(|d| starts(d, "fp8") || has(d, "fp4"))
 }
 
 fn block_size(facts: &Facts) -> u64 {
@@ -531,6 +608,7 @@ fn kv_need_finding(facts: &Facts, out: &mut Vec<Finding>) {
         None => {}
     }
     fix.push_str(&options.join(", "));
+    fix.push_str(&kv_fills_note(facts));
     if util_fit.is_none() {
         fix.push_str(&format!(
             "; the utilization that fits needs the card's total memory and the current utilization, which this log lacks ({} prints both)",
@@ -801,6 +879,49 @@ fn graph_finding(facts: &Facts, out: &mut Vec<Finding>) {
             .fix(fix)
             .lines(seen.lines.iter().copied()),
     );
+}
+
+/// The log's own `--kv-cache-memory` figure that fits the requested memory, when it shrinks the
+/// KV cache this start-up used (a fix for memory that ran out after the pool was sized).
+pub(crate) fn kv_fits_note(facts: &Facts) -> String {
+    let Some(bytes) = facts.kv_cache_memory.and_then(|k| k.fits_requested) else {
+        return String::new();
+    };
+    let g = bytes as f64 / advice::GIB;
+    if facts
+        .startup
+        .breakdown
+        .kv_cache_gib
+        .is_some_and(|kv| g >= kv)
+    {
+        return String::new();
+    }
+    format!(
+        "; this log printed its own budget: `--kv-cache-memory={bytes}` ({} GiB) keeps the KV cache inside the requested memory \
+         (it replaces --gpu-memory-utilization)",
+        gib(g)
+    )
+}
+
+/// The log's own `--kv-cache-memory` figure that fills the card's free memory, when it grows the
+/// KV cache this start-up got (a fix for a pool that was too small).
+fn kv_fills_note(facts: &Facts) -> String {
+    let Some(bytes) = facts.kv_cache_memory.and_then(|k| k.fills_card) else {
+        return String::new();
+    };
+    let g = bytes as f64 / advice::GIB;
+    if facts
+        .startup
+        .breakdown
+        .kv_cache_gib
+        .is_some_and(|kv| g <= kv)
+    {
+        return String::new();
+    }
+    format!(
+        ", or `--kv-cache-memory={bytes}` ({} GiB; the log's own figure for all the memory that was free)",
+        gib(g)
+    )
 }
 
 /// Why a graph-capture OOM on one rank is not the multi-GPU worker limit, and what applies.
