@@ -91,8 +91,8 @@ async fn a_client_that_never_reads_is_dropped_and_its_slot_freed() {
     // (send_timeout, request_timeout, the reason counted): a stalled write ends at whichever
     // comes first. The fast path serves the plain path, hyper the one with a query string.
     let cases = [
-        ("send_timeout = \"1s\"\n", "30s", "send_timeout"),
         ("", "2s", "deadline"),
+        ("send_timeout = \"1s\"\n", "30s", "send_timeout"),
     ];
     for (keys, timeout, reason) in cases {
         for path in ["/v1/chat/completions", "/v1/chat/completions?via=hyper"] {
@@ -247,29 +247,15 @@ async fn slowloris_and_idle_connections_are_closed() {
 
 /// Starts the binary with its open-file limit (soft and hard) at `limit`.
 fn start_limited(config: &std::path::Path, limit: u32) -> (std::process::Child, String) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new("sh")
+    let mut command = std::process::Command::new("sh");
+    command
         .arg("-c")
         .arg(format!(
             "ulimit -n {limit} && exec \"$0\" serve --config \"$1\""
         ))
         .arg(env!("CARGO_BIN_EXE_headroom"))
-        .arg(config)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(stdout)
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    (child, addr)
+        .arg(config);
+    crate::serve::start_serving(command)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -325,17 +311,6 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
     assert!(!stderr.contains("accept failed"), "{stderr}");
 }
 
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bodies_held_in_memory_stay_under_the_cap() {
     let _serial = SERIAL.lock().await;
@@ -359,13 +334,16 @@ async fn bodies_held_in_memory_stay_under_the_cap() {
     // A WAV of 2,900 s at 8 kHz: 44 MiB.
     let (ct, body) = crate::serve::multipart_body(Some(&crate::serve::wav(2900.0)), "whisper-1");
     let body = bytes::Bytes::from(body);
-    let before = rss_bytes(pid);
+    let before = crate::serve_hardening::rss_bytes(pid);
     let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(before));
     let sampler = {
         let peak = peak.clone();
         tokio::spawn(async move {
             loop {
-                peak.fetch_max(rss_bytes(pid), std::sync::atomic::Ordering::Relaxed);
+                peak.fetch_max(
+                    crate::serve_hardening::rss_bytes(pid),
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

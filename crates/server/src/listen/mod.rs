@@ -129,7 +129,8 @@ async fn connection(
     held: slots::Held,
 ) {
     let mut stopping = pin!(signals.stop.closed());
-    let mut cutting = pin!(signals.cut.closed());
+    // Fused: polled once on the fast path to arm it, it may be polled again by hyper's loop.
+    let mut cutting = pin!(futures_util::FutureExt::fuse(signals.cut.closed()));
     let mut draining = false;
     // The connection's client-side timer: the first request's head is due within
     // `client_header_timeout` of the accept.
