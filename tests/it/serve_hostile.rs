@@ -266,11 +266,19 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
     let config = dir.path().join("serve.toml");
     std::fs::write(&config, text_lane(&up, "max_inflight = 4")).unwrap();
     let (mut child, addr) = start_limited(&config, 256);
-    // 600 connections that say nothing, more than the limit (the rest wait in the backlog).
-    let mut held = Vec::new();
-    for _ in 0..600 {
-        held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
-    }
+    // 600 connections that say nothing, more than the limit: those the gateway does not take
+    // wait in the backlog, or time out connecting once it is full.
+    let connects = (0..600).map(|_| {
+        tokio::time::timeout(
+            Duration::from_secs(3),
+            tokio::net::TcpStream::connect(addr.clone()),
+        )
+    });
+    let held: Vec<_> = futures_util::future::join_all(connects)
+        .await
+        .into_iter()
+        .filter_map(|c| c.ok().and_then(Result::ok))
+        .collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // New clients, one connection each: health probes and chat requests.
     let mut answered = 0;
@@ -294,6 +302,7 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
             answered += 1;
         }
     }
+    let held_count = held.len();
     drop(held);
     crate::serve::sigterm(&child);
     crate::serve::wait_exit(&mut child, Duration::from_secs(10));
@@ -304,7 +313,10 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
         .unwrap()
         .read_to_string(&mut stderr)
         .unwrap();
-    eprintln!("{answered} of {tries} new clients answered; stderr:\n{stderr}");
+    eprintln!(
+        "{} connections held; {answered} of {tries} new clients answered; stderr:\n{stderr}",
+        held_count
+    );
     assert_eq!(answered, tries, "new clients went unanswered at the limit");
     let said = stderr.matches("near the open-file limit").count();
     assert_eq!(said, 1, "said once, not once a second:\n{stderr}");

@@ -5,7 +5,6 @@
 //! its body never starts before it holds room for it, so uploads refused or queued cannot pile up
 //! on the heap.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
@@ -99,20 +98,18 @@ pub struct Reserved<'a> {
 impl Reserved<'_> {
     /// Reserves `more` bytes, waiting at most until `until`. `false` when they did not fit in
     /// time (or never can: more than the whole cap).
-    pub fn grow(&mut self, more: u64, until: Instant) -> impl Future<Output = bool> + '_ {
-        async move {
-            if more == 0 {
-                return true;
-            }
-            if self.bytes.saturating_add(more) > self.memory.cap {
-                return false;
-            }
-            if !self.memory.take(more, until).await {
-                return false;
-            }
-            self.bytes += more;
-            true
+    pub async fn grow(&mut self, more: u64, until: Instant) -> bool {
+        if more == 0 {
+            return true;
         }
+        if self.bytes.saturating_add(more) > self.memory.cap {
+            return false;
+        }
+        if !self.memory.take(more, until).await {
+            return false;
+        }
+        self.bytes += more;
+        true
     }
 
     /// Whether `more` bytes fit without waiting; reserves them if they do.
