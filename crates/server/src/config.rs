@@ -1095,7 +1095,8 @@ pub const EXAMPLE_CONFIG: &str = r#"# headroom serve configuration. Durations ac
 listen = "127.0.0.1:8080"
 
 # Bearer keys clients must send (Authorization: Bearer KEY). Compared in constant time.
-# Required whenever `listen` is not loopback. /healthz and /readyz stay open.
+# Required whenever `listen` is not loopback. /healthz and /readyz stay open (/readyz without a
+# key says only whether the box is ready). The scheme is matched in any case (bearer, BEARER).
 api_keys = []
 # Extra keys read from an environment variable, comma separated (optional).
 # api_keys_env = "HEADROOM_API_KEYS"
