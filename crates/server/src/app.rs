@@ -118,7 +118,11 @@ pub(crate) type Shared = Arc<AppState>;
 pub(crate) async fn proxied(s: Shared, route: Route, req: Request, timer: Timer<'_>) -> Reply {
     let mut reply = match refused_at_edge(&s, &req) {
         Some(refusal) => Reply::from(refusal),
-        None => until_cut(&s, answer(s.clone(), route, req, timer)).await,
+        None => {
+            // Pinned in place: the request path's future (kilobytes) is not moved.
+            let answer = std::pin::pin!(answer(s.clone(), route, req, timer));
+            until_cut(&s, answer).await
+        }
     };
     reply.response = load_header(&s, overload_status(&s, reply.response));
     reply
@@ -127,8 +131,10 @@ pub(crate) async fn proxied(s: Shared, route: Route, req: Request, timer: Timer<
 /// `answer`, unless the shutdown's grace runs out first: then 503 `shutting_down` (the answer's
 /// future is dropped, which cancels the request wherever it was). The connection's task is
 /// woken at the cut; the flag is read only when the answer is not ready.
-async fn until_cut(s: &AppState, answer: impl std::future::Future<Output = Reply>) -> Reply {
-    let mut answer = std::pin::pin!(answer);
+async fn until_cut<A>(s: &AppState, mut answer: std::pin::Pin<&mut A>) -> Reply
+where
+    A: std::future::Future<Output = Reply>,
+{
     std::future::poll_fn(|cx| {
         if let std::task::Poll::Ready(reply) = answer.as_mut().poll(cx) {
             return std::task::Poll::Ready(reply);
