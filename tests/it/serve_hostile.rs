@@ -245,6 +245,17 @@ async fn slowloris_and_idle_connections_are_closed() {
     g.shutdown().await.unwrap();
 }
 
+/// A gateway process, killed if the test ends before it stopped it (a failed assertion must not
+/// leave it running).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the binary with its open-file limit (soft and hard) at `limit`.
 fn start_limited(config: &std::path::Path, limit: u32) -> (std::process::Child, String) {
     let mut command = std::process::Command::new("sh");
@@ -265,7 +276,8 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("serve.toml");
     std::fs::write(&config, text_lane(&up, "max_inflight = 4")).unwrap();
-    let (mut child, addr) = start_limited(&config, 256);
+    let (child, addr) = start_limited(&config, 256);
+    let mut child = Reaped(child);
     // 600 connections that say nothing, more than the limit: those the gateway does not take
     // wait in the backlog, or time out connecting once it is full.
     let connects = (0..600).map(|_| {
@@ -304,10 +316,11 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
     }
     let held_count = held.len();
     drop(held);
-    crate::serve::sigterm(&child);
-    crate::serve::wait_exit(&mut child, Duration::from_secs(10));
+    crate::serve::sigterm(&child.0);
+    crate::serve::wait_exit(&mut child.0, Duration::from_secs(10));
     let mut stderr = String::new();
     child
+        .0
         .stderr
         .take()
         .unwrap()
@@ -341,8 +354,9 @@ async fn bodies_held_in_memory_stay_under_the_cap() {
         ),
     )
     .unwrap();
-    let (mut child, addr) = crate::serve::start_binary(&config, &[]);
-    let pid = child.id();
+    let (child, addr) = crate::serve::start_binary(&config, &[]);
+    let mut child = Reaped(child);
+    let pid = child.0.id();
     // A WAV of 2,900 s at 8 kHz: 44 MiB.
     let (ct, body) = crate::serve::multipart_body(Some(&crate::serve::wav(2900.0)), "whisper-1");
     let body = bytes::Bytes::from(body);
@@ -384,8 +398,8 @@ async fn bodies_held_in_memory_stay_under_the_cap() {
     }
     sampler.abort();
     let peak = peak.load(std::sync::atomic::Ordering::Relaxed);
-    crate::serve::sigterm(&child);
-    crate::serve::wait_exit(&mut child, Duration::from_secs(10));
+    crate::serve::sigterm(&child.0);
+    crate::serve::wait_exit(&mut child.0, Duration::from_secs(10));
     eprintln!(
         "12 x 44 MiB uploads: RSS {:.0} MiB before, peak {:.0} MiB; statuses {statuses:?}",
         before as f64 / 1048576.0,
