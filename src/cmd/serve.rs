@@ -132,11 +132,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Raises the soft open-file limit to the hard one (a gateway holds a socket per client and per
+/// upstream connection) and says so when it changed.
+pub(crate) fn raise_open_file_limit(who: &str) {
+    match headroom_server::listen::slots::raise_open_file_limit() {
+        Ok((Some(before), Some(after))) if before != after => {
+            eprintln!(
+                "headroom {who}: open-file limit raised from {before} to {after} (the hard limit)"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!("headroom {who}: the open-file limit could not be raised ({e})"),
+    }
+}
+
 async fn serve(
     config: ServeConfig,
     probe: Option<Arc<dyn GpuProbe>>,
     signals: Signals,
 ) -> anyhow::Result<()> {
+    raise_open_file_limit("serve");
     let addr = config.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

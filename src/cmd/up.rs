@@ -71,6 +71,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         keep_logs: args.keep_logs,
         progress: Arc::new(line),
     };
+    // The gateway `up` runs holds a socket per client and per upstream connection.
+    super::serve::raise_open_file_limit("up");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -57,15 +57,21 @@ impl FaultUpstream {
 const ANSWER_BODY: &str = r#"{"id":"c1","object":"chat.completion","created":0,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#;
 
 /// Reads one request (head and `content-length` body); `false` when the peer closed first.
-async fn read_request(reader: &mut BufReader<TcpStream>) -> bool {
+/// Reads one request: `None` at the end, else whether it was the gateway's `GET /health`
+/// (its background readiness check, answered and never counted).
+async fn read_request(reader: &mut BufReader<TcpStream>) -> Option<bool> {
     let mut length = 0usize;
+    let mut health = None;
     loop {
         let mut line = String::new();
         match reader.read_line(&mut line).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
         let l = line.trim_end();
+        if health.is_none() {
+            health = Some(l.starts_with("GET /health "));
+        }
         if l.is_empty() {
             break;
         }
@@ -76,7 +82,8 @@ async fn read_request(reader: &mut BufReader<TcpStream>) -> bool {
         }
     }
     let mut body = vec![0u8; length];
-    reader.read_exact(&mut body).await.is_ok()
+    reader.read_exact(&mut body).await.ok()?;
+    health
 }
 
 async fn serve_connection(
@@ -86,7 +93,14 @@ async fn serve_connection(
     answered: Arc<AtomicU64>,
 ) {
     let mut reader = BufReader::new(tcp);
-    while read_request(&mut reader).await {
+    while let Some(health) = read_request(&mut reader).await {
+        if health {
+            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            if reader.get_mut().write_all(ok).await.is_err() {
+                return;
+            }
+            continue;
+        }
         delivered.fetch_add(1, Ordering::SeqCst);
         match Mode::from_u8(mode.load(Ordering::SeqCst)) {
             Mode::Answer => {

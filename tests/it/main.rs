@@ -22,6 +22,7 @@ mod scale_out;
 mod serve;
 mod serve_config;
 mod serve_hardening;
+mod serve_hostile;
 mod serve_upstream;
 mod serve_wire;
 mod speech;

@@ -1653,12 +1653,15 @@ pub(crate) fn start_binary(
     config: &std::path::Path,
     extra: &[&str],
 ) -> (std::process::Child, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"));
+    command.arg("serve").arg("--config").arg(config).args(extra);
+    start_serving(command)
+}
+
+/// Starts `command` (a `headroom serve`) and reads the address it listens on.
+pub(crate) fn start_serving(mut command: std::process::Command) -> (std::process::Child, String) {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .args(extra)
+    let mut child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -272,7 +272,7 @@ async fn an_upstream_dying_inside_an_event_leaves_the_error_event_framed_on_its_
     g.shutdown().await.unwrap();
 }
 
-fn rss_bytes(pid: u32) -> u64 {
+pub(crate) fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib: u64 = status
         .lines()

@@ -49,6 +49,12 @@ pub struct AppState {
     fallback_ids: AtomicU64,
     /// Clients refused with a Retry-After, to notice the ones that come back before it.
     pub(crate) retries: crate::retry_watch::RetryWatch,
+    /// Set when `shutdown_grace` ran out: what is still in flight ends with `shutting_down`.
+    pub(crate) cut: Arc<std::sync::atomic::AtomicBool>,
+    /// Request-body bytes held in memory, under `max_body_memory`.
+    pub body_memory: crate::body_memory::BodyMemory,
+    /// Each upstream's last `GET /health` answer, refreshed in the background for `/readyz`.
+    pub(crate) health: crate::health::HealthCache,
 }
 
 impl AppState {
@@ -59,6 +65,9 @@ impl AppState {
         telemetry: Arc<Telemetry>,
     ) -> AppState {
         let endpoints = endpoints_of(&config);
+        let body_memory =
+            crate::body_memory::BodyMemory::new(config.body_memory_cap(crate::health::mem_total()));
+        let health = crate::health::HealthCache::new(upstream_list_of(&config));
         AppState {
             endpoints,
             config,
@@ -70,7 +79,15 @@ impl AppState {
             box_provider: std::sync::OnceLock::new(),
             fallback_ids: AtomicU64::new(1),
             retries: Default::default(),
+            cut: Arc::default(),
+            body_memory,
+            health,
         }
+    }
+
+    /// The shutdown's grace ran out: every request still in flight ends now.
+    pub(crate) fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
     }
 }
 
@@ -101,10 +118,33 @@ pub(crate) type Shared = Arc<AppState>;
 pub(crate) async fn proxied(s: Shared, route: Route, req: Request, timer: Timer<'_>) -> Reply {
     let mut reply = match refused_at_edge(&s, &req) {
         Some(refusal) => Reply::from(refusal),
-        None => answer(s.clone(), route, req, timer).await,
+        None => {
+            // Pinned in place: the request path's future (kilobytes) is not moved.
+            let answer = std::pin::pin!(answer(s.clone(), route, req, timer));
+            until_cut(&s, answer).await
+        }
     };
     reply.response = load_header(&s, overload_status(&s, reply.response));
     reply
+}
+
+/// `answer`, unless the shutdown's grace runs out first: then 503 `shutting_down` (the answer's
+/// future is dropped, which cancels the request wherever it was). The connection's task is
+/// woken at the cut; the flag is read only when the answer is not ready.
+async fn until_cut<A>(s: &AppState, mut answer: std::pin::Pin<&mut A>) -> Reply
+where
+    A: std::future::Future<Output = Reply>,
+{
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(reply) = answer.as_mut().poll(cx) {
+            return std::task::Poll::Ready(reply);
+        }
+        if s.cut.load(Ordering::Relaxed) {
+            return std::task::Poll::Ready(Reply::from(ApiError::cut().into_response()));
+        }
+        std::task::Poll::Pending
+    })
+    .await
 }
 
 /// The request path's answer, or its error as a response. Refused input is counted here (gate
@@ -116,7 +156,10 @@ async fn answer(s: Shared, route: Route, req: Request, timer: Timer<'_>) -> Repl
         .unwrap_or_else(|e| {
             if e.status.is_client_error() && e.status != StatusCode::TOO_MANY_REQUESTS {
                 telemetry
-                    .counter(BAD_REQUESTS_TOTAL, &[("code", e.code.as_str())])
+                    .counter(
+                        BAD_REQUESTS_TOTAL,
+                        &[("code", crate::error::code_label(&e.code))],
+                    )
                     .increment(1);
             }
             Reply::from(e.into_response())
@@ -216,12 +259,7 @@ fn refused_at_edge(s: &AppState, req: &Request) -> Option<Response> {
     }
     let open = matches!(req.uri().path(), "/healthz" | "/readyz");
     if !open && !s.config.api_keys.is_empty() {
-        let presented = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+        let presented = bearer_token(req.headers());
         let page = req.uri().path().starts_with("/ui");
         let ok = presented.is_some_and(|p| key_matches(p.as_bytes(), &s.config.api_keys))
             || (page && crate::ui::basic_key_matches(req.headers(), &s.config.api_keys));
@@ -241,6 +279,27 @@ fn refused_at_edge(s: &AppState, req: &Request) -> Option<Response> {
         }
     }
     None
+}
+
+/// The token of an `Authorization: Bearer TOKEN` field; the scheme is matched without regard to
+/// case (RFC 9110 §11.1), and spaces around the token are dropped.
+pub(crate) fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .trim_start();
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether a request carries a valid key (or the gateway has none configured).
+fn has_key(s: &AppState, headers: &axum::http::HeaderMap) -> bool {
+    s.config.api_keys.is_empty()
+        || bearer_token(headers).is_some_and(|p| key_matches(p.as_bytes(), &s.config.api_keys))
 }
 
 /// The rule-based cleanup answer given instead of the LLM's when a lane's policy falls back.
@@ -313,8 +372,13 @@ pub(crate) fn fallback_response(
 }
 
 fn upstream_list(s: &AppState) -> Vec<String> {
+    upstream_list_of(&s.config)
+}
+
+/// Every distinct upstream of the configuration, in the order lanes name them.
+pub(crate) fn upstream_list_of(config: &ServeConfig) -> Vec<String> {
     let mut all: Vec<String> = Vec::new();
-    for l in &s.config.lanes {
+    for l in &config.lanes {
         for u in &l.spec.upstreams {
             if !all.contains(u) {
                 all.push(u.clone());
@@ -382,7 +446,7 @@ pub(crate) struct LaneReadiness {
 
 /// Each upstream's `GET /health` (any HTTP status means the process is up) within `timeout`,
 /// in the order of [`upstream_list`].
-async fn probe_upstreams(
+pub(crate) async fn probe_upstreams(
     s: &AppState,
     upstreams: &[String],
     timeout: Duration,
@@ -446,14 +510,25 @@ pub(crate) async fn lane_readiness(s: &AppState, timeout: Duration) -> Vec<LaneR
 /// has not ejected it. 503 otherwise, with the lanes that cannot be served. One replica down
 /// out of several keeps the box ready, and so does a box whose lanes are full (it answers 429
 /// then, and is still able to serve). (`/healthz` only says the gateway process is alive.)
-async fn readyz(State(s): State<Shared>) -> Response {
+/// The answers to `/health` are the background check's last ones ([`crate::health`]): a probe
+/// calls no upstream. Without a valid key (when keys are set) it says only whether it is ready.
+async fn readyz(State(s): State<Shared>, req: Request) -> Response {
     let upstreams = upstream_list(&s);
-    let statuses = probe_upstreams(&s, &upstreams, Duration::from_secs(2)).await;
-    let lanes: Vec<Value> = readiness_of(&s, &upstreams, &statuses)
+    let statuses = s.health.statuses().await;
+    let readiness = readiness_of(&s, &upstreams, &statuses);
+    let ready = readiness.iter().all(|l| l.ready);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    if !has_key(&s, req.headers()) {
+        return (status, axum::Json(json!({"ready": ready}))).into_response();
+    }
+    let lanes: Vec<Value> = readiness
         .into_iter()
         .map(|l| json!({"name": l.name, "ready": l.ready, "healthy_upstreams": l.healthy}))
         .collect();
-    let ready = lanes.iter().all(|l| l["ready"] == json!(true));
     let results: Vec<Value> = upstreams
         .iter()
         .zip(&statuses)
@@ -462,11 +537,6 @@ async fn readyz(State(s): State<Shared>) -> Response {
                    "healthy": s.gate.upstream_healthy(u)})
         })
         .collect();
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
     (
         status,
         axum::Json(json!({"ready": ready, "lanes": lanes, "upstreams": results})),

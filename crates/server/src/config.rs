@@ -194,6 +194,17 @@ pub struct ServeConfig {
     pub max_inflight_total: Option<usize>,
     pub shutdown_grace: Duration,
     pub max_header_bytes: usize,
+    /// Longest a client may take to send a request head, counted from the connection's start or
+    /// from the head's first byte (nginx's `client_header_timeout`); past it the connection closes.
+    pub client_header_timeout: Duration,
+    /// Longest a connection may wait idle for its next request (nginx's `keepalive_timeout`).
+    pub keepalive_timeout: Duration,
+    /// Longest a write to the client may make no progress (nginx's `send_timeout`): a client that
+    /// stops reading its response is dropped and its request's slot and memory freed.
+    pub send_timeout: Duration,
+    /// Most request-body bytes held in memory at once across all requests; `None`: the default
+    /// for this machine (see [`ServeConfig::body_memory_cap`]).
+    pub max_body_memory: Option<u64>,
     pub scrape_interval: Duration,
     /// How long one read of an engine's metrics may take. Apart from `scrape_interval`: a busy
     /// engine answers `/metrics` slowly exactly when its queue matters (vLLM on a loaded CPU took
@@ -221,6 +232,10 @@ struct RawConfig {
     max_inflight_total: Option<i64>,
     shutdown_grace: Option<String>,
     max_header_bytes: Option<toml::Value>,
+    client_header_timeout: Option<String>,
+    keepalive_timeout: Option<String>,
+    send_timeout: Option<String>,
+    max_body_memory: Option<toml::Value>,
     scrape_interval: Option<String>,
     scrape_timeout: Option<String>,
     worker_threads: Option<i64>,
@@ -413,8 +428,11 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
 }
 
 /// Keys whose values are duration strings.
-const DURATION_KEYS: [&str; 10] = [
+const DURATION_KEYS: [&str; 13] = [
     "shutdown_grace",
+    "client_header_timeout",
+    "keepalive_timeout",
+    "send_timeout",
     "scrape_interval",
     "scrape_timeout",
     "queue_timeout",
@@ -534,6 +552,38 @@ impl ServeConfig {
                 .ok_or_else(|| key_err("max_header_bytes", "must be a size of at least 1KiB"))?
                 as usize,
         };
+        // nginx's defaults: client_header_timeout 60s, keepalive_timeout 75s, send_timeout 60s.
+        let client_header_timeout = duration(
+            "client_header_timeout",
+            raw.client_header_timeout.as_ref(),
+            Duration::from_secs(60),
+        )?;
+        let keepalive_timeout = duration(
+            "keepalive_timeout",
+            raw.keepalive_timeout.as_ref(),
+            Duration::from_secs(75),
+        )?;
+        let send_timeout = duration(
+            "send_timeout",
+            raw.send_timeout.as_ref(),
+            Duration::from_secs(60),
+        )?;
+        for (key, value) in [
+            ("client_header_timeout", client_header_timeout),
+            ("keepalive_timeout", keepalive_timeout),
+            ("send_timeout", send_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(key_err(key, "must be longer than 0"));
+            }
+        }
+        let max_body_memory =
+            match &raw.max_body_memory {
+                None => None,
+                Some(v) => Some(parse_bytes(v).filter(|b| *b > 0).ok_or_else(|| {
+                    key_err("max_body_memory", "must be a size like 256MiB or 2GiB")
+                })?),
+            };
         let worker_threads = match raw.worker_threads {
             None => 1,
             Some(n) if (1..=1024).contains(&n) => n as usize,
@@ -568,6 +618,10 @@ impl ServeConfig {
             max_inflight_total,
             shutdown_grace,
             max_header_bytes,
+            client_header_timeout,
+            keepalive_timeout,
+            send_timeout,
+            max_body_memory,
             scrape_interval,
             scrape_timeout,
             worker_threads,
@@ -576,10 +630,43 @@ impl ServeConfig {
             lanes,
             notes,
         };
+        let largest = config.largest_body();
+        if let Some(cap) = config.max_body_memory
+            && cap < largest
+        {
+            return Err(key_err(
+                "max_body_memory",
+                format!(
+                    "{cap} bytes is below the largest lane max_body_bytes ({largest}): such a body could never be read"
+                ),
+            ));
+        }
         // Let the gate check what it owns (names, yield_to targets).
         headroom_gate::Gate::new(config.lane_specs(), max_inflight_total, None)
             .map_err(|e| key_err("lanes", e.to_string()))?;
         Ok(config)
+    }
+
+    /// The largest `max_body_bytes` of any lane.
+    pub fn largest_body(&self) -> u64 {
+        self.lanes
+            .iter()
+            .map(|l| l.max_body_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The cap on request-body bytes held in memory: `max_body_memory`, or by default four of
+    /// the largest bodies a lane takes (at least 64 MiB), no more than an eighth of the
+    /// machine's memory (`mem_total`, when known), and never below one largest body.
+    pub fn body_memory_cap(&self, mem_total: Option<u64>) -> u64 {
+        if let Some(cap) = self.max_body_memory {
+            return cap;
+        }
+        let largest = self.largest_body();
+        let wanted = largest.saturating_mul(4).max(64 << 20);
+        let machine = mem_total.map_or(u64::MAX, |m| m / 8);
+        wanted.min(machine).max(largest)
     }
 
     pub fn lane_specs(&self) -> Vec<LaneSpec> {
@@ -1008,7 +1095,8 @@ pub const EXAMPLE_CONFIG: &str = r#"# headroom serve configuration. Durations ac
 listen = "127.0.0.1:8080"
 
 # Bearer keys clients must send (Authorization: Bearer KEY). Compared in constant time.
-# Required whenever `listen` is not loopback. /healthz and /readyz stay open.
+# Required whenever `listen` is not loopback. /healthz and /readyz stay open (/readyz without a
+# key says only whether the box is ready). The scheme is matched in any case (bearer, BEARER).
 api_keys = []
 # Extra keys read from an environment variable, comma separated (optional).
 # api_keys_env = "HEADROOM_API_KEYS"
@@ -1020,6 +1108,19 @@ api_keys = []
 shutdown_grace = "30s"
 # Requests whose headers together exceed this get 431.
 max_header_bytes = "16KiB"
+# Client timeouts (nginx's names and defaults). A request head must arrive whole within
+# client_header_timeout (from the connection's start, or from the head's first byte on a kept-alive
+# connection); an idle kept-alive connection closes after keepalive_timeout; a write to the client
+# that makes no progress for send_timeout (a client that stopped reading) drops the connection,
+# and its request's slot and memory with it. A response is also cut at its request's deadline
+# while the client is slow to read it.
+client_header_timeout = "60s"
+keepalive_timeout = "75s"
+send_timeout = "60s"
+# Most request-body bytes held in memory at once, across all requests (checked before a body is
+# read; past it a request waits up to its lane's queue_timeout, then gets 503 with Retry-After).
+# Default: 4 x the largest max_body_bytes (at least 64MiB), at most 1/8 of the machine's memory.
+# max_body_memory = "256MiB"
 # How often engine /metrics are read, and how long one read may take (a busy engine answers
 # slowly; the next read starts when this one has ended).
 scrape_interval = "1s"
@@ -1181,6 +1282,10 @@ policy = "queue"
             "max_inflight_total",
             "shutdown_grace",
             "max_header_bytes",
+            "client_header_timeout",
+            "keepalive_timeout",
+            "send_timeout",
+            "max_body_memory",
             "scrape_interval",
             "scrape_timeout",
             "worker_threads",

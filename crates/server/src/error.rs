@@ -131,6 +131,18 @@ impl ApiError {
         e
     }
 
+    /// A request still in flight when the gateway's `shutdown_grace` ran out.
+    pub fn cut() -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the gateway is shutting down and its shutdown_grace ran out before this request finished; retry",
+        )
+        .closing();
+        e.retry_after = Some(Duration::from_secs(1));
+        e
+    }
+
     pub fn deadline(lane: &str, timeout: Duration) -> ApiError {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
@@ -191,6 +203,53 @@ impl IntoResponse for ApiError {
             );
         }
         response
+    }
+}
+
+/// Every `code` the gateway itself answers with (gate refusal codes come from the gate). Metric
+/// labels take a code only from this list: an upstream's own codes, any string it chose, count
+/// as `other`, so an upstream cannot grow `/metrics` without bound.
+pub const OWN_CODES: &[&str] = &[
+    "audio_too_long",
+    "backend_unavailable",
+    "body_memory_full",
+    "body_read_error",
+    "body_timeout",
+    "body_too_large",
+    "deadline",
+    "headers_too_large",
+    "input_too_long",
+    "invalid_api_key",
+    "invalid_audio_encoding",
+    "invalid_json",
+    "invalid_multipart",
+    "invalid_type",
+    "invalid_value",
+    "json_too_deep",
+    "max_tokens_too_large",
+    "method_not_allowed",
+    "missing_field",
+    "missing_file",
+    "missing_host",
+    "missing_model",
+    "model_not_found",
+    "preempted",
+    "shutting_down",
+    "unknown_lane",
+    "unknown_route",
+    "unsupported_audio",
+    "unsupported_media_type",
+    "upstream_error",
+    "upstream_stream_error",
+    "upstream_unreachable",
+];
+
+/// `code` as a metric label: itself when it is one of the gateway's own, else `other`.
+pub fn code_label(code: &str) -> &str {
+    if OWN_CODES.contains(&code) {
+        code
+    } else {
+        "other"
     }
 }
 
@@ -334,6 +393,38 @@ mod tests {
             br#"{"error":"Model is overloaded","error_type":"overloaded"}"#,
         );
         assert_eq!(tgi.message, "Model is overloaded");
+    }
+
+    #[test]
+    fn only_the_gateways_own_codes_become_metric_labels() {
+        assert_eq!(code_label("body_too_large"), "body_too_large");
+        let upstream = from_upstream(
+            StatusCode::BAD_REQUEST,
+            br#"{"error":{"message":"x","code":"an_engine_code_7"}}"#,
+        );
+        assert_eq!(
+            upstream.code, "an_engine_code_7",
+            "the client still reads it"
+        );
+        assert_eq!(code_label(&upstream.code), "other");
+        // Every code the docs' table names is one of ours.
+        let docs = include_str!("../../../docs/serve.md");
+        for line in docs
+            .lines()
+            .filter(|l| l.starts_with("| ") && l.contains(" | `"))
+        {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            if let Some(code) = cells.get(3).and_then(|c| c.strip_prefix('`')) {
+                for code in code.split(['`', '/', ' ']).filter(|c| !c.is_empty()) {
+                    if code.chars().all(|c| c.is_ascii_lowercase() || c == '_') && code != "code" {
+                        assert!(
+                            OWN_CODES.contains(&code),
+                            "{code} is missing from OWN_CODES"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

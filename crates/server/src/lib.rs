@@ -7,8 +7,10 @@ pub mod admin_box;
 pub mod app;
 pub mod audio;
 pub mod balancer;
+pub mod body_memory;
 pub mod config;
 pub mod error;
+pub mod health;
 pub mod inspect;
 pub mod listen;
 pub mod memory_config;
@@ -246,25 +248,24 @@ impl Gateway {
                 .map_err(|source| ServeError::Bind { addr, source })?;
             background.push(tokio::spawn(balancer::agent_loop(agent, state.clone())));
         }
-        let (fired_tx, fired_rx) = oneshot::channel::<()>();
+        background.push(tokio::spawn(health::check_loop(state.clone())));
         let gate = state.gate.clone();
         let grace = state.config.shutdown_grace;
         let app = app::router(state.clone());
-        let server = listen::serve(listener, state.clone(), app, async move {
-            shutdown.await;
-            gate.start_draining();
-            let _ = fired_tx.send(());
-        });
-        let result = tokio::select! {
-            _ = server => Ok(()),
-            _ = async move {
-                if fired_rx.await.is_ok() {
-                    tokio::time::sleep(grace).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            } => Ok(()),
-        };
+        // Stops accepting at the shutdown, drains for `shutdown_grace`, then cuts what is left
+        // (503 `shutting_down`, or a stream's error event) and returns.
+        listen::serve(
+            listener,
+            state.clone(),
+            app,
+            async move {
+                shutdown.await;
+                gate.start_draining();
+            },
+            grace,
+        )
+        .await;
+        let result = Ok(());
         for task in background {
             task.abort();
         }

@@ -128,6 +128,8 @@ pub struct Passthrough {
     first: bool,
     done: bool,
     preempted: Option<Pin<Box<OwnedNotified>>>,
+    /// Set when `shutdown_grace` ran out: the response ends with a `shutting_down` error.
+    cut: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The last bytes passed to the client (at most 4), to tell whether an SSE event is open.
     tail: Vec<u8>,
     /// Bytes still to come when the upstream said how many: the server stops polling a sized body
@@ -178,6 +180,7 @@ impl Passthrough {
             first: true,
             done: false,
             preempted: None,
+            cut: None,
             tail: Vec::new(),
             ahead: None,
         }
@@ -200,6 +203,13 @@ impl Passthrough {
     /// Ends the response with a `preempted` error (and cancels the upstream) when `waiter` fires.
     pub fn preemptible(mut self, waiter: Option<Pin<Box<OwnedNotified>>>) -> Passthrough {
         self.preempted = waiter;
+        self
+    }
+
+    /// Ends the response with a `shutting_down` error when `cut` is set (the connection's task
+    /// is woken then).
+    pub fn cut_by(mut self, cut: Arc<std::sync::atomic::AtomicBool>) -> Passthrough {
+        self.cut = Some(cut);
         self
     }
 
@@ -289,6 +299,13 @@ impl Stream for Passthrough {
         if timer.as_mut().poll(cx).is_ready() {
             let e = ApiError::deadline(this.flight.lane(), this.request_timeout);
             return this.end_with(e, "deadline");
+        }
+        if this
+            .cut
+            .as_ref()
+            .is_some_and(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return this.end_with(ApiError::cut(), "shutting_down");
         }
         if let Some(waiter) = this.preempted.as_mut()
             && waiter.as_mut().poll(cx).is_ready()

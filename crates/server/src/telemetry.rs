@@ -25,6 +25,14 @@ pub const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
 pub const EARLY_RETRIES_TOTAL: &str = "headroom_early_retries_total";
 /// Requests refused for their input (4xx other than 429), by error code.
 pub const BAD_REQUESTS_TOTAL: &str = "headroom_bad_requests_total";
+/// Client connections the gateway closed itself, by `reason`: `header_timeout`, `idle_timeout`,
+/// `send_timeout` (a client that stopped reading its response), `deadline` (the response's
+/// deadline passed while the client was slow to read it) and `shed` (idle, closed at the
+/// open-file limit to take a new client).
+pub const CONNECTIONS_CLOSED_TOTAL: &str = "headroom_connections_closed_total";
+/// Requests that waited for room under `max_body_memory` before their body was read, and those
+/// refused (503) when none came in time, by `outcome` (`waited`, `refused`).
+pub const BODY_MEMORY_WAITS_TOTAL: &str = "headroom_body_memory_waits_total";
 pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
 /// Memory ledger, per device: free in the last reading, reserved by admitted jobs, the part of
 /// that the reading does not show yet, and the number of reservations.
@@ -121,6 +129,7 @@ impl LaneMetrics {
 pub struct Telemetry {
     recorder: PrometheusRecorder,
     lanes: Vec<LaneMetrics>,
+    closed: [OnceLock<Counter>; 5],
 }
 
 impl Default for Telemetry {
@@ -150,7 +159,19 @@ impl Telemetry {
         Telemetry {
             recorder: builder.build_recorder(),
             lanes: lanes.iter().map(|l| LaneMetrics::new(l)).collect(),
+            closed: Default::default(),
         }
+    }
+
+    /// Counts one client connection the gateway closed itself.
+    pub(crate) fn connection_closed(&self, why: crate::listen::due::Closed) {
+        let i = crate::listen::due::Closed::ALL
+            .iter()
+            .position(|c| *c == why)
+            .unwrap_or(0);
+        self.closed[i]
+            .get_or_init(|| self.counter(CONNECTIONS_CLOSED_TOTAL, &[("reason", why.label())]))
+            .increment(1);
     }
 
     /// The name of lane `lane`, as registered.

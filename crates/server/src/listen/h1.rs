@@ -4,11 +4,13 @@
 //! the request path as it stands, without hyper's dispatcher, its body channel and its second
 //! header pass. The answer is written head and body in one buffer (a stream chunk by chunk, each
 //! sent at once), and the client is watched the whole time so a request whose client left is
-//! dropped (cancelled), as hyper's server drops it.
+//! dropped (cancelled), as hyper's server drops it. The client's side is timed on the
+//! connection's own timer ([`super::due`]): the head, the idle wait for a next request, and each
+//! write the client must make room for.
 //!
 //! Anything else — another route or method, HTTP/1.0, a head over 16 KiB or 64 fields, a
-//! chunked or unsized body, `Expect`, `Upgrade`, a query string, a body still on its way, input
-//! `httparse` refuses — is handed to hyper with every byte read so far put back in front
+//! chunked or unsized body, `Expect`, `Upgrade`, a query string, no `Host`, a body still on its
+//! way, input `httparse` refuses — is handed to hyper with every byte read so far put back in front
 //! ([`super::rewind`]), and the connection stays with hyper from then on. hyper's server so keeps
 //! every edge behaviour (100-continue, slow and oversize bodies, 400/431 answers, pipelining
 //! after a handover); this path only serves what it can serve completely.
@@ -18,15 +20,18 @@ use std::io::ErrorKind;
 use std::mem::MaybeUninit;
 use std::pin::{Pin, pin};
 use std::sync::LazyLock;
-use std::task::{Poll, ready};
+use std::task::Poll;
 
 use axum::body::{Body, HttpBody};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, header};
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncWriteExt, Interest};
+use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
-use crate::app::{self, Shared};
+use super::due::{self, Closed, Wait};
+use super::slots::Held;
+use crate::app::{self, AppState, Shared};
 use crate::request::{Reply, Route};
 use crate::upstream::wire::{Forwarded, header_line, list_tokens};
 
@@ -80,29 +85,56 @@ enum Read {
 }
 
 /// One client connection on the fast path.
-struct Conn {
+struct Conn<'a> {
     tcp: TcpStream,
     buf: BytesMut,
     out: Vec<u8>,
     /// The shutdown future has been polled (and holds this task's waker).
     stop_armed: bool,
+    /// The cut future has been polled (and holds this task's waker).
+    cut_armed: bool,
+    /// The connection's client-side timer (see [`super::due`]).
+    timer: Pin<&'a mut Sleep>,
+    slot: &'a Held,
+    state: &'a AppState,
+    /// The deadline of the response being written.
+    deadline: Option<Instant>,
 }
 
-/// Serves `tcp` until it closes or a request needs hyper. `stopping` resolves when the server
+/// What the server and the connection lend the fast path: `stopping` resolves when the server
 /// shuts down, and `stopped` says whether it has: `stopping` is polled once, which leaves this
 /// task's waker with the shutdown, and from then on the cheap `stopped` is read whenever the
-/// task wakes (an idle wait, an answer done). From then on (`draining`) an idle connection
-/// closes and a busy one closes after its answer.
-pub(super) async fn serve<F>(
+/// task wakes (an idle wait, an answer done). `cutting` resolves when the shutdown's grace ran
+/// out (polled once likewise, so the task wakes and its request sees the cut). `timer` times the
+/// client's side; `slot` is the connection's place in the table of connections.
+pub(super) struct Edges<'a, F, G> {
+    pub(super) stopping: Pin<&'a mut F>,
+    pub(super) stopped: &'a (dyn Fn() -> bool + Sync),
+    pub(super) cutting: Pin<&'a mut G>,
+    pub(super) timer: Pin<&'a mut Sleep>,
+    pub(super) slot: &'a Held,
+}
+
+/// Serves `tcp` until it closes or a request needs hyper. From the shutdown on (`draining`) an
+/// idle connection closes and a busy one closes after its answer.
+pub(super) async fn serve<F, G>(
     tcp: TcpStream,
     state: &Shared,
-    mut stopping: Pin<&mut F>,
-    stopped: impl Fn() -> bool,
+    edges: Edges<'_, F, G>,
     draining: &mut bool,
 ) -> Ended
 where
     F: Future<Output = ()>,
+    G: Future<Output = ()>,
 {
+    let Edges {
+        mut stopping,
+        stopped,
+        mut cutting,
+        timer: io_timer,
+        slot,
+    } = edges;
+    let config = &state.config;
     // The deadline timer of every request this connection carries (none is armed until the
     // first request); see [`crate::request::Timer`].
     let mut timer = pin!(tokio::time::sleep_until(
@@ -113,6 +145,17 @@ where
         buf: BytesMut::new(),
         out: Vec::with_capacity(1024),
         stop_armed: false,
+        cut_armed: false,
+        timer: io_timer,
+        slot,
+        state,
+        deadline: None,
+    };
+    // The first request's head is due `client_header_timeout` after the accept (where the timer
+    // stands already).
+    let mut wait = Wait {
+        at: conn.timer.deadline(),
+        why: Closed::HeaderTimeout,
     };
     loop {
         let (route, request, asked_close) = loop {
@@ -122,7 +165,10 @@ where
                 parse(&mut conn.buf)
             };
             match parsed {
-                Parsed::Fast(route, request, close) => break (route, request, close),
+                Parsed::Fast(route, request, close) => {
+                    conn.slot.slot().busy();
+                    break (route, request, close);
+                }
                 Parsed::Slow => return Ended::Handover(conn.buf.freeze(), conn.tcp),
                 Parsed::Short(missing) => {
                     // The rest of a body the socket already holds is read now; one that is
@@ -135,7 +181,18 @@ where
                     if conn.buf.is_empty() && *draining {
                         return Ended::Closed;
                     }
-                    if !conn.read_more(stopping.as_mut(), &stopped, draining).await {
+                    if !conn.buf.is_empty() && wait.why == Closed::IdleTimeout {
+                        // The next request's head has begun: it is due whole within
+                        // `client_header_timeout`.
+                        wait = Wait {
+                            at: Instant::now() + config.client_header_timeout,
+                            why: Closed::HeaderTimeout,
+                        };
+                    }
+                    if !conn
+                        .read_more(stopping.as_mut(), stopped, draining, wait)
+                        .await
+                    {
                         return Ended::Closed;
                     }
                 }
@@ -149,7 +206,7 @@ where
             request,
             Some(timer.as_mut())
         ));
-        let Some(reply) = conn.answer(answer).await else {
+        let Some(reply) = conn.answer(answer, cutting.as_mut()).await else {
             return Ended::Closed;
         };
         *draining |= stopped();
@@ -158,17 +215,25 @@ where
             let _ = conn.tcp.shutdown().await;
             return Ended::Closed;
         }
+        let now = Instant::now();
+        conn.slot.slot().idle(conn.slot.slots(), now);
+        wait = Wait {
+            at: now + config.keepalive_timeout,
+            why: Closed::IdleTimeout,
+        };
     }
 }
 
-impl Conn {
-    /// Waits for more bytes from the client. `false` when it closed (or the server is draining
-    /// and nothing of a next request arrived).
+impl Conn<'_> {
+    /// Waits for more bytes from the client. `false` when it closed, the `wait` ran out, the
+    /// connection was shed to make room, or the server is draining and nothing of a next
+    /// request arrived.
     async fn read_more<F>(
         &mut self,
         mut stopping: Pin<&mut F>,
-        stopped: &impl Fn() -> bool,
+        stopped: &(dyn Fn() -> bool + Sync),
         draining: &mut bool,
+        wait: Wait,
     ) -> bool
     where
         F: Future<Output = ()>,
@@ -189,8 +254,19 @@ impl Conn {
                 }
                 // The socket's own reader wake-up slot, not a waiter queued (and unqueued) on
                 // it for each wait, as `readable()` is.
-                if ready!(self.tcp.poll_read_ready(cx)).is_err() {
-                    return Poll::Ready(false);
+                match self.tcp.poll_read_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(_)) => return Poll::Ready(false),
+                    Poll::Pending => {
+                        if self.slot.slot().shed(cx.waker()) {
+                            return Poll::Ready(false);
+                        }
+                        if due::poll_due(self.timer.as_mut(), wait.at, cx).is_ready() {
+                            self.state.telemetry.connection_closed(wait.why);
+                            return Poll::Ready(false);
+                        }
+                        return Poll::Pending;
+                    }
                 }
                 match self.read_once() {
                     Read::Got(_) => return Poll::Ready(true),
@@ -246,15 +322,24 @@ impl Conn {
 
     /// The request path's answer, or `None` when the client left first (the answer's future is
     /// dropped, which cancels the request wherever it was). Bytes of a next request that arrive
-    /// meanwhile are kept.
-    async fn answer<A>(&mut self, mut answer: Pin<&mut A>) -> Option<Reply>
+    /// meanwhile are kept. The first answer arms `cutting`, so the task wakes at the cut.
+    async fn answer<A, G>(
+        &mut self,
+        mut answer: Pin<&mut A>,
+        mut cutting: Pin<&mut G>,
+    ) -> Option<Reply>
     where
         A: Future<Output = Reply>,
+        G: Future<Output = ()>,
     {
         let mut watching = true;
         poll_fn(|cx| {
             if let Poll::Ready(reply) = answer.as_mut().poll(cx) {
                 return Poll::Ready(Some(reply));
+            }
+            if !self.cut_armed {
+                self.cut_armed = true;
+                let _ = cutting.as_mut().poll(cx);
             }
             while watching {
                 match self.tcp.poll_read_ready(cx) {
@@ -287,6 +372,7 @@ impl Conn {
     /// Writes `response`; `false` when the connection cannot carry another request (the client
     /// left, the body failed, or it did not match its declared length).
     async fn write(&mut self, reply: Reply, close: bool) -> bool {
+        self.deadline = reply.deadline;
         let (parts, mut body) = reply.response.into_parts();
         let framing = framing(parts.status, &parts.headers, &body);
         self.out.clear();
@@ -360,7 +446,7 @@ impl Conn {
             self.out.extend_from_slice(b"\r\n");
         }
         if data.len() >= COPY_LIMIT {
-            if !self.flush().await || self.tcp.write_all(&data).await.is_err() {
+            if !self.flush().await || !self.send(&data).await {
                 return false;
             }
         } else {
@@ -377,9 +463,44 @@ impl Conn {
         if self.out.is_empty() {
             return true;
         }
-        let ok = self.tcp.write_all(&self.out).await.is_ok();
+        let out = std::mem::take(&mut self.out);
+        let ok = self.send(&out).await;
+        self.out = out;
         self.out.clear();
         ok
+    }
+
+    /// Writes all of `data`. `false` when the client left, or made no room for it within
+    /// `send_timeout` (or by the response's deadline, when sooner): the connection is then
+    /// dropped, and the request with it. A write that goes out at once reads no clock and
+    /// touches no timer.
+    async fn send(&mut self, mut data: &[u8]) -> bool {
+        let mut stalled: Option<Wait> = None;
+        poll_fn(|cx| {
+            loop {
+                if data.is_empty() {
+                    return Poll::Ready(true);
+                }
+                match Pin::new(&mut self.tcp).poll_write(cx, data) {
+                    Poll::Ready(Ok(n)) if n > 0 => {
+                        data = &data[n..];
+                        stalled = None;
+                    }
+                    Poll::Ready(_) => return Poll::Ready(false),
+                    Poll::Pending => {
+                        let send_timeout = self.state.config.send_timeout;
+                        let wait = *stalled
+                            .get_or_insert_with(|| due::stalled_write(send_timeout, self.deadline));
+                        if due::poll_due(self.timer.as_mut(), wait.at, cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        self.state.telemetry.connection_closed(wait.why);
+                        return Poll::Ready(false);
+                    }
+                }
+            }
+        })
+        .await
     }
 }
 
@@ -404,6 +525,7 @@ fn parse(buf: &mut BytesMut) -> Parsed {
     let base = buf.as_ptr() as usize;
     let mut length = None;
     let mut close = false;
+    let mut host = false;
     let mut fields = Vec::with_capacity(head.headers.len());
     for field in head.headers.iter() {
         let Ok(name) = HeaderName::from_bytes(field.name.as_bytes()) else {
@@ -419,6 +541,8 @@ fn parse(buf: &mut BytesMut) -> Parsed {
             || name == header::UPGRADE
         {
             return Parsed::Slow;
+        } else if name == header::HOST {
+            host = true;
         } else if name == header::CONNECTION {
             for token in list_tokens(field.value) {
                 if token.eq_ignore_ascii_case(b"close") {
@@ -431,7 +555,8 @@ fn parse(buf: &mut BytesMut) -> Parsed {
         let start = field.value.as_ptr() as usize - base;
         fields.push((name, start, start + field.value.len()));
     }
-    let Some(length) = length.filter(|n| *n <= MAX_BODY) else {
+    // A request without `Host` is refused (400) on hyper's path.
+    let Some(length) = length.filter(|n| *n <= MAX_BODY && host) else {
         return Parsed::Slow;
     };
     let total = head_len + length;
@@ -654,8 +779,15 @@ mod tests {
             Parsed::Partial
         ));
         assert!(matches!(
-            parsed("POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 10\r\n\r\n{}"),
+            parsed(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\ncontent-length: 10\r\n\r\n{}"
+            ),
             Parsed::Short(8)
+        ));
+        // No Host: hyper's path answers it 400.
+        assert!(matches!(
+            parsed("POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}"),
+            Parsed::Slow
         ));
         let long = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nx: {}",
@@ -666,7 +798,7 @@ mod tests {
 
     #[test]
     fn a_request_asking_to_close_is_marked_and_the_next_stays_buffered() {
-        let one = "POST /v1/completions HTTP/1.1\r\nconnection: keep-alive, Close\r\ncontent-length: 2\r\n\r\n{}";
+        let one = "POST /v1/completions HTTP/1.1\r\nhost: gw\r\nconnection: keep-alive, Close\r\ncontent-length: 2\r\n\r\n{}";
         let mut buf = BytesMut::from(format!("{one}POST /v1/com").as_str());
         match parse(&mut buf) {
             Parsed::Fast(Route::Completions, _, true) => {}

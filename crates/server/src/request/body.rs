@@ -5,7 +5,9 @@
 //! `100 Continue` only once the body is read, so it never is); any other client's body is read and
 //! discarded first, for a bounded size and time as nginx's lingering close does, because closing
 //! a socket with unread data in it makes the kernel send a reset that destroys the 413 before the
-//! client reads it.
+//! client reads it. Before a byte is read the body's room is reserved under `max_body_memory`
+//! ([`crate::body_memory`]); a request that finds none within its lanes' `queue_timeout` gets 503
+//! `body_memory_full` (its body unread, answered as an oversize one is).
 
 use std::time::Duration;
 
@@ -16,7 +18,10 @@ use futures_util::StreamExt;
 
 use super::asked::Asked;
 use super::lane::Targets;
+use crate::app::AppState;
+use crate::body_memory::Reserved;
 use crate::error::ApiError;
+use crate::telemetry::BODY_MEMORY_WAITS_TOTAL;
 
 /// Most bytes of an oversize body read and thrown away before the 413 is sent.
 pub const MAX_DRAIN_BYTES: u64 = 256 * 1024 * 1024;
@@ -54,44 +59,77 @@ where
         .unwrap_or(false)
 }
 
-/// The 413 for an oversize body, after the body was drained (or, when the client waits for
-/// `100 Continue` and reading has not `started`, never sent).
-async fn refuse_oversize<S>(stream: S, cap: u64, asked: &Asked<'_>, started: bool) -> ApiError
+/// `error` for a body that is not read, after the body was drained (or, when the client waits
+/// for `100 Continue` and reading has not `started`, never sent).
+async fn refuse_unread<S>(stream: S, error: ApiError, asked: &Asked<'_>, started: bool) -> ApiError
 where
     S: futures_util::Stream<Item = Result<Bytes, axum::Error>> + Unpin,
 {
     if !started && asked.expects_continue() {
-        // The client waits for `100 Continue` before sending; it gets the 413 instead.
-        return too_large(cap).closing();
+        // The client waits for `100 Continue` before sending; it gets the error instead.
+        return error.closing();
     }
     if drain(stream).await {
-        too_large(cap)
+        error
     } else {
-        too_large(cap).closing()
+        error.closing()
     }
 }
 
+/// 503 for a body that found no room under `max_body_memory` in time.
+fn no_body_memory(cap: u64) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "body_memory_full",
+        format!(
+            "request bodies held by the gateway reached max_body_memory ({cap} bytes); retry shortly"
+        ),
+    );
+    e.retry_after = Some(Duration::from_secs(1));
+    e
+}
+
 /// Reads the whole body under the widest cap and deadline (counted from the request's
-/// `arrival`) of the candidate lanes.
-pub(super) async fn read(
+/// `arrival`) of the candidate lanes, with its room under `max_body_memory` reserved first;
+/// the reservation is the request's to hold until it ends.
+pub(super) async fn read<'s>(
+    s: &'s AppState,
     body: Body,
     asked: &Asked<'_>,
     targets: &Targets<'_>,
     arrival: tokio::time::Instant,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, Reserved<'s>), ApiError> {
     let read_cap = targets.widest(|l| l.max_body_bytes);
     let declared = asked
         .content_length
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let known = declared.or(axum::body::HttpBody::size_hint(&body).exact());
     let mut stream = body.into_data_stream();
     if declared.is_some_and(|len| len > read_cap) {
-        return Err(refuse_oversize(stream, read_cap, asked, false).await);
+        return Err(refuse_unread(stream, too_large(read_cap), asked, false).await);
     }
     let read_deadline = targets.widest(|l| l.spec.request_timeout);
-    // The buffer grows with what arrives; a declared length only sizes it up front, never past
-    // the cap.
-    let capacity = declared.unwrap_or(0).min(read_cap).min(1 << 20) as usize;
+    // Room for the body is waited for no longer than a queued request would wait.
+    let room_by = arrival + targets.widest(|l| l.spec.queue_timeout).min(read_deadline);
+    let mut reserved = s.body_memory.empty();
+    if !reserved.try_grow(known.unwrap_or(0)) {
+        let counter = |outcome| {
+            s.telemetry
+                .counter(BODY_MEMORY_WAITS_TOTAL, &[("outcome", outcome)])
+                .increment(1)
+        };
+        if !reserved.grow(known.unwrap_or(0), room_by).await {
+            counter("refused");
+            let e = no_body_memory(s.body_memory.cap());
+            return Err(refuse_unread(stream, e, asked, false).await);
+        }
+        counter("waited");
+    }
+    // A declared length sizes the buffer up front (never past the cap): its room is reserved
+    // under max_body_memory already, and pages the body never fills are never touched. Grown by
+    // doubling instead, a 45 MiB body held 64 MiB.
+    let capacity = declared.unwrap_or(0).min(read_cap) as usize;
     // A body that arrives in one chunk (a small request always does) is kept as it came; only
     // a second chunk starts a buffer.
     let mut first: Option<Bytes> = None;
@@ -108,7 +146,14 @@ pub(super) async fn read(
             })?;
             let held = first.as_ref().map_or(0, Bytes::len) + buf.len();
             if (held + chunk.len()) as u64 > read_cap {
-                return Err(refuse_oversize(&mut stream, read_cap, asked, true).await);
+                let e = too_large(read_cap);
+                return Err(refuse_unread(&mut stream, e, asked, true).await);
+            }
+            // A body longer than it said, or of unknown length, reserves as it arrives.
+            let beyond = ((held + chunk.len()) as u64).saturating_sub(reserved.bytes());
+            if !reserved.grow(beyond, room_by).await {
+                let e = no_body_memory(s.body_memory.cap());
+                return Err(refuse_unread(&mut stream, e, asked, true).await);
             }
             if first.is_none() && buf.is_empty() {
                 first = Some(chunk);
@@ -128,10 +173,13 @@ pub(super) async fn read(
         None => Ok(read.await),
     };
     match outcome {
-        Ok(Ok(())) => Ok(match first {
-            Some(whole) => whole,
-            None => buf.freeze(),
-        }),
+        Ok(Ok(())) => Ok((
+            match first {
+                Some(whole) => whole,
+                None => buf.freeze(),
+            },
+            reserved,
+        )),
         Ok(Err(e)) => Err(e),
         Err(_) => {
             // A slow body is answered 408; what is still arriving is read and dropped first

@@ -129,6 +129,9 @@ struct Deadline {
 pub(crate) struct Reply {
     pub(crate) response: Response,
     pub(crate) forwarded: Forwarded,
+    /// The request's deadline, which also bounds the writing of a response the client is slow
+    /// to read (`None`: an answer of the gateway's own, bounded by `send_timeout` alone).
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl From<Response> for Reply {
@@ -136,6 +139,7 @@ impl From<Response> for Reply {
         Reply {
             response,
             forwarded: Forwarded::default(),
+            deadline: None,
         }
     }
 }
@@ -164,7 +168,9 @@ pub(crate) async fn handle(
     let (parts, body) = req.into_parts();
     let asked = Asked::of(&parts.headers);
     let targets = lane::candidates(&s.config, route, asked.lane)?;
-    let bytes = body::read(body, &asked, &targets, arrival).await?;
+    // The body's bytes count against `max_body_memory` from before they are read until the
+    // request ends.
+    let (bytes, _held) = body::read(&s, body, &asked, &targets, arrival).await?;
     let mut facts = validate::inspect(route, asked.content_type(), &bytes)?;
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
@@ -216,8 +222,10 @@ pub(crate) async fn handle(
             }
         }
     };
-    let mut reply =
-        respond::respond(lane, response, flight, deadline, queue_wait, preempted).await?;
+    let mut reply = respond::respond(
+        lane, response, flight, deadline, queue_wait, preempted, &s.cut,
+    )
+    .await?;
     if let Some(settled) = settled {
         reply.response.headers_mut().insert(
             preempt::SETTLE_HEADER,

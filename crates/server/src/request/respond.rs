@@ -24,6 +24,7 @@ pub(super) async fn respond(
     deadline: Deadline,
     queue_wait: std::time::Duration,
     preempted: Option<Waiter>,
+    cut: &std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<Reply, ApiError> {
     let status = response.status();
     if status.is_client_error() || status.is_server_error() {
@@ -70,6 +71,7 @@ pub(super) async fn respond(
             Body::from_stream(
                 Passthrough::new(response, flight, deadline.at, deadline.timeout, sse)
                     .preemptible(preempted)
+                    .cut_by(cut.clone())
                     .read_ahead(early.and_then(Result::transpose), declared),
             )
         }
@@ -80,6 +82,7 @@ pub(super) async fn respond(
     Ok(Reply {
         response: resp,
         forwarded,
+        deadline: Some(deadline.at),
     })
 }
 
