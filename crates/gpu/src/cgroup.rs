@@ -179,11 +179,11 @@ pub fn locate_in(
         .iter()
         .filter(|m| m.fs_type == "cgroup" || m.fs_type == "cgroup2")
         .map(|m| {
-            let mut opts: Vec<&str> = m
+            let mut opts: Vec<String> = m
                 .super_options
-                .keys()
-                .map(String::as_str)
-                .filter(|o| !matches!(*o, "rw" | "ro" | "relatime" | "nsdelegate"))
+                .iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "rw" | "ro" | "relatime" | "nsdelegate"))
+                .map(|(k, v)| v.as_ref().map_or(k.clone(), |v| format!("{k}={v}")))
                 .collect();
             opts.sort_unstable();
             format!(
@@ -512,6 +512,7 @@ mod tests {
     fn no_memory_controller_anywhere_names_the_mounts_and_how_to_mount_one() {
         let mounts = "\
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
         let read = files(&[("/sys/fs/cgroup/unified/cgroup.controllers", "hugetlb\n")]);
@@ -519,6 +520,7 @@ mod tests {
         let text = e.to_string();
         assert!(matches!(e, CgroupError::NoController { .. }), "{text}");
         assert!(text.contains("cgroup /sys/fs/cgroup/cpu (cpu)"), "{text}");
+        assert!(text.contains("(name=systemd)"), "{text}");
         assert!(text.contains("cgroup2 /sys/fs/cgroup/unified"), "{text}");
         assert!(text.contains("mount -t cgroup2"), "{text}");
         let e = locate_in("", "", &read).unwrap_err();
