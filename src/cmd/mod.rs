@@ -10,6 +10,7 @@ pub mod plan_llamacpp;
 pub mod replan;
 pub mod serve;
 pub mod shell;
+pub mod signals;
 pub mod soak;
 pub mod top;
 pub mod up;

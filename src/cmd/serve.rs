@@ -1,5 +1,6 @@
 //! `headroom serve`: reads the gateway configuration, builds the GPU probe when a lane needs one,
-//! and runs `headroom-server` until SIGTERM or Ctrl-C, then drains within the grace period.
+//! and runs `headroom-server` until SIGTERM or Ctrl-C, then drains within the grace period
+//! (SIGHUP is ignored, a closed stderr only drops log lines: [`super::signals`]).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -9,7 +10,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use headroom_gpu::GpuProbe;
+use headroom_server::stderr::line;
 use headroom_server::{EXAMPLE_CONFIG, Gateway, ServeConfig};
+
+use super::signals::Signals;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -51,7 +55,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config =
         ServeConfig::from_toml(&text).with_context(|| format!("config {}", path.display()))?;
     for note in &config.notes {
-        eprintln!("headroom: note: config {}: {note}", path.display());
+        line(&format!(
+            "headroom: note: config {}: {note}",
+            path.display()
+        ));
     }
     // Tokenizer paths in the file are relative to the file.
     let base = path.parent().unwrap_or(std::path::Path::new("."));
@@ -117,11 +124,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(config, probe))?;
+    let signals = {
+        let _in_runtime = runtime.enter();
+        Signals::install().context("cannot install the signal handlers")?
+    };
+    runtime.block_on(serve(config, probe, signals))?;
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve(config: ServeConfig, probe: Option<Arc<dyn GpuProbe>>) -> anyhow::Result<()> {
+async fn serve(
+    config: ServeConfig,
+    probe: Option<Arc<dyn GpuProbe>>,
+    signals: Signals,
+) -> anyhow::Result<()> {
     let addr = config.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -130,36 +145,22 @@ async fn serve(config: ServeConfig, probe: Option<Arc<dyn GpuProbe>>) -> anyhow:
     let lanes: Vec<String> = config.lanes.iter().map(|l| l.spec.name.clone()).collect();
     let grace = config.shutdown_grace;
     let gateway = Gateway::new(config, probe)?;
-    println!("listening on {bound}");
-    let _ = std::io::stdout().flush();
-    eprintln!(
+    {
+        // A closed stdout is no reason not to serve.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {bound}").and_then(|()| out.flush());
+    }
+    line(&format!(
         "headroom serve: lanes {}; SIGTERM drains for up to {} s",
         lanes.join(", "),
         grace.as_secs()
-    );
-    gateway.serve(listener, shutdown_signal()).await?;
-    eprintln!("headroom serve: stopped");
+    ));
+    gateway
+        .serve(listener, async move {
+            signals.stop_requested("headroom serve").await;
+            line("headroom serve: shutting down, draining in-flight work");
+        })
+        .await?;
+    line("headroom serve: stopped");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    eprintln!("headroom serve: shutting down, draining in-flight work");
 }

@@ -1,15 +1,18 @@
-//! `headroom up`: reads the box file, runs `headroom-up`'s supervisor until SIGTERM or Ctrl-C,
-//! prints its progress lines on stderr, and maps its errors to exit codes (2 bad input or
-//! environment, 3 the box does not fit, 1 a backend that failed while starting).
+//! `headroom up`: reads the box file, runs `headroom-up`'s supervisor until SIGTERM or Ctrl-C
+//! (SIGHUP is ignored, a closed stderr only drops lines: [`super::signals`]), prints its progress
+//! lines on stderr, and maps its errors to exit codes (2 bad input or environment, 3 the box does
+//! not fit, 1 a backend that failed while starting).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use headroom_server::stderr::line;
 use headroom_up::example::EXAMPLE_BOX;
 use headroom_up::{BoxConfig, UpOptions};
+
+use super::signals::Signals;
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -27,10 +30,15 @@ pub struct UpArgs {
     /// their figures.
     #[arg(long)]
     pub recalibrate: bool,
-    /// Folder for the backends' logs (default: a fresh folder under the temporary directory).
+    /// Folder for the backends' logs, kept after the stop (default: a fresh private folder
+    /// under the temporary directory, removed at a clean stop).
     #[arg(long, value_name = "DIR")]
     pub log_dir: Option<PathBuf>,
-    /// Validate the box file and exit without starting anything.
+    /// Keep the default log folder after a clean stop.
+    #[arg(long)]
+    pub keep_logs: bool,
+    /// Validate the box file, the gateway configuration it derives and the calibration path,
+    /// and exit without starting anything.
     #[arg(long)]
     pub check: bool,
 }
@@ -46,6 +54,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         Err(e) => return Ok(fail(&e)),
     };
     if args.check {
+        if let Err(e) = headroom_up::checks::before_start(&config, &path) {
+            return Ok(fail(&e));
+        }
         println!(
             "box file {} is valid: {} backend(s)",
             path.display(),
@@ -57,21 +68,27 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         box_path: path,
         recalibrate: args.recalibrate,
         log_dir: args.log_dir,
-        progress: Arc::new(|line: &str| {
-            let mut err = std::io::stderr().lock();
-            let _ = writeln!(err, "{line}");
-        }),
+        keep_logs: args.keep_logs,
+        progress: Arc::new(line),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let outcome = runtime.block_on(headroom_up::run(config, options, shutdown_signal()));
+    let signals = {
+        let _in_runtime = runtime.enter();
+        Signals::install().context("cannot install the signal handlers")?
+    };
+    let stop = async move {
+        signals.stop_requested("up").await;
+        line("up: shutting down: gateway first, then the text engine, then the audio backends");
+    };
+    let outcome = runtime.block_on(headroom_up::run(config, options, stop));
     // Backends' process groups are stopped inside `run`; the runtime's leftovers go here.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     match outcome {
         Ok(()) => {
-            eprintln!("up: stopped");
+            line("up: stopped");
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => Ok(fail(&e)),
@@ -80,30 +97,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
 
 fn fail(e: &headroom_up::UpError) -> ExitCode {
     let text = e.to_string();
-    let line: Vec<&str> = text
+    let parts: Vec<&str> = text
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    eprintln!("headroom up: {}", line.join(" "));
+    line(&format!("headroom up: {}", parts.join(" ")));
     ExitCode::from(e.exit_code())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
-    eprintln!("up: shutting down: gateway first, then the text engine, then the audio backends");
 }

@@ -9,7 +9,7 @@ What is checked, each against this test's own reading of /proc and the cgroup's 
     file cache, read here from memory.usage_in_bytes / memory.current and memory.stat;
   - a request that allocates past the limit gets the backend OOM-killed by the kernel: the count
     in the cgroup's own file, /admin/box, /metrics (headroom_box_oom_kills_total) and /ui agree,
-    and the backend restarts with reason `oom_killed`;
+    and the backend restarts with `last_exit` = `oom_killed`;
   - SIGTERM removes the cgroup; after kill -9 of `up` the next start removes the stale cgroup
     and kills what was left inside it;
   - where no memory controller is mounted, or the hierarchy is read-only, `up` exits 2 with one
@@ -18,22 +18,19 @@ What is checked, each against this test's own reading of /proc and the cgroup's 
 Run by scripts/test.sh (and so .ci/run) with the other e2e tests:  python -m pytest tests/e2e
 """
 
-import os
 import pathlib
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
-from gateway import terminate
 from procfs import free_port
+from test_up import BIN, Box as UpBox
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "debug" / "headroom"))
 HOG = ROOT / "tests" / "py" / "alloc_upstream.py"
 MIB = 1024 * 1024
 CAPACITY = 256 * MIB
@@ -63,7 +60,9 @@ listen = "127.0.0.1:{port}"
 """
 
 
-class Box:
+class Box(UpBox):
+    """test_up's running `up`, on a box file of one allocating backend."""
+
     def __init__(self, tmp: pathlib.Path, name: str):
         self.backend_port = free_port()
         self.port = free_port()
@@ -73,48 +72,20 @@ class Box:
         self.base = f"http://127.0.0.1:{self.port}"
         self.proc = None
 
-    def start(self, prefix=()):
-        self.proc = subprocess.Popen([*prefix, BIN, "up", "--config", str(self.path), "--recalibrate",
-                                      "--log-dir", str(self.logs)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._err = []
-        self._reader = threading.Thread(target=lambda: self._err.extend(self.proc.stderr), daemon=True)
-        self._reader.start()
-        return self.proc
-
-    def stderr_text(self):
-        return b"".join(self._err).decode(errors="replace")
-
-    def run_to_end(self, prefix=(), timeout=60):
-        self.start(prefix)
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-        self._reader.join(5)
-        return self.proc.returncode, self.stderr_text()
+    def start(self, *args):
+        return super().start("--recalibrate", "--log-dir", str(self.logs), *args)
 
     def wait_ready(self, timeout=90):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"headroom up exited {self.proc.returncode}:\n{self.stderr_text()}")
-            try:
-                r = httpx.get(f"{self.base}/admin/box", timeout=2)
-                if r.status_code == 200 and all(b["state"] == "ready" for b in r.json()["backends"]):
-                    return r.json()
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"box not ready in {timeout} s:\n{self.stderr_text()}")
+        return super().wait_ready(timeout)
 
-    def report(self):
-        return httpx.get(f"{self.base}/admin/box", timeout=5).json()
+    def stop(self, timeout=30):
+        super().stop(timeout)
 
-    def stop(self):
-        if self.proc:
-            terminate(self.proc, 30)
+    def run_prefixed(self, prefix, timeout=60):
+        """`up` run to its end under `prefix` (a command that execs the rest)."""
+        done = subprocess.run([*prefix, BIN, "up", "--config", str(self.path), "--log-dir", str(self.logs)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+        return done.returncode, done.stderr.decode(errors="replace")
 
 
 # ---- the cgroup, read here ----------------------------------------------------------------------
@@ -253,7 +224,7 @@ def test_an_oom_kill_inside_the_box_is_counted_and_the_restart_says_so(running):
     hog = wait_for(lambda: next((b for b in box.report()["backends"]
                                  if b["state"] == "ready" and b["restarts"] == 1), None),
                    what="the backend running again")
-    assert hog["restart_reason"] == "oom_killed", hog
+    assert hog["last_exit"] == "oom_killed", hog
     assert hog["pid"] != pid
     assert box.report()["enforce"]["oom_kills"] == 1
     assert metric(box.base, "headroom_box_oom_kills_total") == 1
@@ -312,7 +283,7 @@ def in_private_mounts(script: str) -> list:
 def test_without_a_memory_controller_up_exits_2_with_one_line(tmp):
     version, mount = memory_mount()
     box = Box(tmp, "nocontroller")
-    code, err = box.run_to_end(in_private_mounts(f"umount {mount}"))
+    code, err = box.run_prefixed(in_private_mounts(f"umount {mount}"))
     lines = [l for l in err.splitlines() if l.startswith("headroom up:")]
     assert code == 2, err
     assert len(lines) == 1, err
@@ -324,7 +295,7 @@ def test_without_a_memory_controller_up_exits_2_with_one_line(tmp):
 def test_a_read_only_hierarchy_is_one_line_and_exit_2(tmp):
     version, mount = memory_mount()
     box = Box(tmp, "readonly")
-    code, err = box.run_to_end(in_private_mounts(f"mount -o remount,bind,ro {mount}"))
+    code, err = box.run_prefixed(in_private_mounts(f"mount -o remount,bind,ro {mount}"))
     lines = [l for l in err.splitlines() if l.startswith("headroom up:")]
     assert code == 2, err
     assert len(lines) == 1 and "cannot create a memory cgroup" in lines[0], err

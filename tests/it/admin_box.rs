@@ -34,9 +34,10 @@ fn report(upstream: &str) -> BoxReport {
             peak_bytes: 260 << 20,
             current_bytes: 201 << 20,
             restarts: 0,
+            start_failures: 0,
+            last_exit: None,
             drifted: false,
             retry_after_ms: None,
-            restart_reason: None,
             flags: Vec::new(),
             plan_check: None,
         }],
@@ -197,7 +198,12 @@ async fn without_a_box_the_route_is_unknown() {
 
 /// The gateway's `/metrics` text, asked for with the test's key.
 async fn scrape(c: &reqwest::Client, base: &str) -> String {
-    c.get(format!("{base}/metrics"))
+    get_text(c, &format!("{base}/metrics")).await
+}
+
+/// A GET with the test's key; the body as text.
+async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    c.get(url)
         .bearer_auth("sekret")
         .send()
         .await
@@ -213,7 +219,7 @@ async fn an_enforced_box_shows_its_cgroup_oom_kills_and_restart_reasons() {
     let up = upstream(hits).await;
     let mut r = report(&up);
     r.backends[0].restarts = 2;
-    r.backends[0].restart_reason = Some("oom_killed".into());
+    r.backends[0].last_exit = Some("oom_killed".into());
     r.enforce = Some(headroom_server::admin_box::EnforceReport {
         cgroup: "/sys/fs/cgroup/memory/headroom-up-1-2-box".into(),
         version: "v1".into(),
@@ -225,19 +231,11 @@ async fn an_enforced_box_shows_its_cgroup_oom_kills_and_restart_reasons() {
     let provider: Arc<dyn BoxProvider> = Arc::new(Steered(Mutex::new(r)));
     let (base, _stop) = gateway(&config(&up), Some(provider)).await;
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let text = c
-        .get(format!("{base}/admin/box"))
-        .bearer_auth("sekret")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&c, &format!("{base}/admin/box")).await;
     let body: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(body["enforce"]["oom_kills"], 2);
     assert_eq!(body["enforce"]["limit_bytes"], 1u64 << 30);
-    assert_eq!(body["backends"][0]["restart_reason"], "oom_killed");
+    assert_eq!(body["backends"][0]["last_exit"], "oom_killed");
     let metrics = scrape(&c, &base).await;
     for line in [
         "headroom_box_oom_kills_total 2",
@@ -251,15 +249,7 @@ async fn an_enforced_box_shows_its_cgroup_oom_kills_and_restart_reasons() {
             "{line} missing:\n{metrics}"
         );
     }
-    let page = c
-        .get(format!("{base}/ui"))
-        .bearer_auth("sekret")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = get_text(&c, &format!("{base}/ui")).await;
     assert!(page.contains("OOM kills 2"), "{page}");
     assert!(page.contains("headroom-up-1-2-box"), "{page}");
     assert!(page.contains("<td>oom_killed</td>"), "{page}");

@@ -36,9 +36,10 @@ impl headroom_server::admin_box::BoxProvider for StubBox {
                 peak_bytes: 500 << 20,
                 current_bytes: 320 << 20,
                 restarts: 1,
+                start_failures: 0,
+                last_exit: None,
                 drifted: false,
                 retry_after_ms: None,
-                restart_reason: None,
                 flags: Vec::new(),
                 plan_check: None,
             }],
@@ -300,6 +301,7 @@ async fn dashboard_and_alert_rules_name_only_exported_metrics() {
         "headroom_memory_free_bytes",
         "headroom_lane_memory_per_job_bytes",
         "headroom_box_backend_restarts_total",
+        "headroom_box_backend_start_failures_total",
         "headroom_box_backend_memory_bytes",
     ] {
         assert!(have.contains(family), "{family} missing from:\n{text}");
@@ -312,7 +314,7 @@ async fn dashboard_and_alert_rules_name_only_exported_metrics() {
     assert!(queries.len() >= 20, "{} queries", queries.len());
     check(&queries, &have);
     let rules = rule_queries(&root().join("deploy/prometheus/alerts.yml"));
-    assert_eq!(rules.len(), 5);
+    assert_eq!(rules.len(), 6);
     check(&rules, &have);
 }
 

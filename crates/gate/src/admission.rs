@@ -198,19 +198,18 @@ impl Permit {
         self.upstream_ok = Some(ok);
     }
 
-    /// The request never reached its upstream (connection refused, or reset before any byte of
-    /// a response): counts that failure now and moves the request to the best other upstream of
-    /// the lane not tried yet. Returns the new upstream, or `None` when none is left.
+    /// The request never reached its upstream (connection refused, or nothing of it written):
+    /// counts that failure now and moves the request to the best other upstream of the lane not
+    /// tried yet. Returns the new upstream, or `None` when none is left (the request stays on
+    /// its upstream, and the failure is counted when the permit drops, as marked).
     pub fn reroute(&mut self) -> Option<&str> {
         let now = Instant::now();
         let mut st = self.inner.lock();
         let spec = &self.inner.specs[self.lane];
-        let old = spec.upstreams[self.upstream].as_str();
-        if let Some(h) = st.health.get_mut(old) {
-            h.record(false, now);
-        }
         self.tried.push(self.upstream);
         let next = upstream::choose(spec, &st.health, &st.engine, now, &self.tried)?;
+        record_outcome(spec, &mut st, self.upstream, false, now);
+        let old = spec.upstreams[self.upstream].as_str();
         let ls = &mut st.lanes[self.lane];
         ls.upstream_inflight[self.upstream] = ls.upstream_inflight[self.upstream].saturating_sub(1);
         ls.upstream_inflight[next] += 1;
@@ -226,16 +225,40 @@ impl Permit {
     }
 }
 
+/// Applies one request's outcome to its upstream's passive health: a success lets it back, a
+/// failure counts towards an ejection, which happens when the lane's `max_ejection_percent`
+/// allows it. One map look-up for a success; the lane's other upstreams are looked at only
+/// when a failure reaches the threshold.
+fn record_outcome(spec: &LaneSpec, st: &mut State, upstream: usize, ok: bool, now: Instant) {
+    let url = &spec.upstreams[upstream];
+    let Some(h) = st.health.get_mut(url) else {
+        return;
+    };
+    if ok {
+        h.succeeded(now);
+        return;
+    }
+    if h.failed(now, &spec.outlier)
+        && upstream::may_eject(spec, &st.health, now, upstream)
+        && let Some(h) = st.health.get_mut(url)
+    {
+        h.eject(now, &spec.outlier);
+    }
+}
+
 impl Drop for Permit {
     fn drop(&mut self) {
         let now = Instant::now();
         let service = now.saturating_duration_since(self.admitted_at);
         let mut st = self.inner.lock();
         if let Some(ok) = self.upstream_ok {
-            let url = &self.inner.specs[self.lane].upstreams[self.upstream];
-            if let Some(h) = st.health.get_mut(url) {
-                h.record(ok, now);
-            }
+            record_outcome(
+                &self.inner.specs[self.lane],
+                &mut st,
+                self.upstream,
+                ok,
+                now,
+            );
         }
         let slot = Slot {
             upstream: self.upstream,
@@ -292,9 +315,15 @@ pub struct UpstreamSnapshot {
     pub metrics_age_seconds: Option<f64>,
     /// In flight to this upstream from every lane that uses it.
     pub inflight_all_lanes: usize,
-    /// Not ejected by passive health (see [`Gate::upstream_healthy`]).
+    /// Not ejected by passive health and not failing over and over (see
+    /// [`Gate::upstream_healthy`]).
     pub healthy: bool,
+    /// Out of rotation now (an ejection running, or its probe out).
+    pub ejected: bool,
     pub consecutive_failures: u32,
+    /// Ejections in a row: the next one lasts this many times the lane's base ejection time
+    /// (one more).
+    pub ejections: u32,
 }
 
 /// One lane's state at one instant.
@@ -523,12 +552,14 @@ impl Gate {
         self.inner.lock().draining = true;
     }
 
-    /// Whether passive health has not ejected `upstream` (URL as configured) right now.
+    /// Whether passive health counts on `upstream` (URL as configured) right now: not ejected,
+    /// and not failing request after request (the last upstream a lane has in rotation is
+    /// never ejected, but it is not healthy either).
     pub fn upstream_healthy(&self, upstream: &str) -> bool {
         let st = self.inner.lock();
-        !st.health
+        st.health
             .get(upstream)
-            .is_some_and(|h| h.ejected(Instant::now()))
+            .is_none_or(|h| h.healthy(Instant::now()))
     }
 
     /// Whether [`Gate::start_draining`] was called.
@@ -711,8 +742,10 @@ impl Gate {
                             let health = st.health.get(url);
                             UpstreamSnapshot {
                                 inflight_all_lanes: health.map_or(0, |h| h.inflight),
-                                healthy: !health.is_some_and(|h| h.ejected(now)),
+                                healthy: health.is_none_or(|h| h.healthy(now)),
+                                ejected: health.is_some_and(|h| h.ejected(now)),
                                 consecutive_failures: health.map_or(0, |h| h.failures),
+                                ejections: health.map_or(0, |h| h.ejections),
                                 url: url.clone(),
                                 inflight: *inflight,
                                 waiting: load.and_then(|l| l.waiting),

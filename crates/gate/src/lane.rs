@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::pressure::{EngineLimits, GpuNeed};
+use crate::upstream::Outlier;
 
 /// What a lane does when it cannot admit a request at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -99,6 +100,8 @@ pub struct LaneSpec {
     pub upstreams: Vec<String>,
     pub gpu: Option<GpuNeed>,
     pub engine: Option<EngineLimits>,
+    /// Passive health: when an upstream of the lane is ejected, for how long, and how many at once.
+    pub outlier: Outlier,
 }
 
 impl LaneSpec {
@@ -121,6 +124,7 @@ impl LaneSpec {
             upstreams: upstreams.iter().map(|u| u.to_string()).collect(),
             gpu: None,
             engine: None,
+            outlier: Outlier::default(),
         }
     }
 }

@@ -24,3 +24,4 @@ pub use lane::{GateError, LaneSpec, PREEMPT_ALL, Policy, PreemptMode, RejectReas
 pub use ledger::{LearnedNeed, LedgerSettings, MemoryReading, MemoryShortfall, PoolKind};
 pub use load::{BoxLoad, LaneLoad, box_load};
 pub use pressure::{EngineLimits, EngineLoad, GpuNeed};
+pub use upstream::Outlier;

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -156,20 +156,18 @@ impl Calibration {
     }
 
     /// Writes the file (pretty JSON) through a temporary file and a rename, so a reader never
-    /// sees half a file. Sets `date` to now.
+    /// sees half a file, and a failure (a full disk, a path that is a folder) leaves neither
+    /// half a file nor the temporary one. Sets `date` to now.
     pub fn save(&mut self, path: &Path) -> Result<(), CalibrationError> {
         self.date = now_rfc3339();
-        let io_err = |source| CalibrationError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
         // Serializing maps of plain numbers and strings cannot fail.
-        let text = serde_json::to_string_pretty(self).unwrap_or_default();
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        fs::write(&tmp, text + "\n").map_err(io_err)?;
-        fs::rename(&tmp, path).map_err(io_err)
+        let text = serde_json::to_string_pretty(self).unwrap_or_default() + "\n";
+        write_replacing(path, text.as_bytes(), |file, bytes| file.write_all(bytes)).map_err(
+            |source| CalibrationError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        )
     }
 
     /// Records one backend's figures (dated now).
@@ -186,6 +184,30 @@ impl Calibration {
             .map(|b| b.peak_bytes)
             .sum()
     }
+}
+
+/// Writes `bytes` (with `write`) to `PATH.tmp`, created afresh (a link planted under that name
+/// is removed, not followed), then renames it over `path`. When a step fails the temporary file
+/// is removed: a disk that fills up mid-write leaves no empty `.tmp` behind.
+fn write_replacing(
+    path: &Path,
+    bytes: &[u8],
+    write: impl FnOnce(&mut fs::File, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = fs::remove_file(&tmp);
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut file| write(&mut file, bytes))
+        .and_then(|()| fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// The calibration file that belongs to a box file: `box.toml` → `box.calibration.json` in the
@@ -278,6 +300,45 @@ mod tests {
         let back = Calibration::load(&path).unwrap();
         assert_eq!(back, c);
         assert!(!dir.path().join("box.calibration.json.tmp").exists());
+    }
+
+    #[test]
+    fn a_save_that_fails_leaves_no_temporary_file_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        // A calibration path that is a folder: the temporary file is written, the rename fails.
+        let path = dir.path().join("box.calibration.json");
+        std::fs::create_dir(&path).unwrap();
+        let err = sample().save(&path).unwrap_err();
+        assert!(matches!(err, CalibrationError::Io { .. }), "{err}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["box.calibration.json"], "left behind: {left:?}");
+    }
+
+    #[test]
+    fn a_write_that_fails_midway_removes_its_temporary_file_and_keeps_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("box.calibration.json");
+        std::fs::write(&path, "old").unwrap();
+        // A disk that fills up after one byte.
+        let full = |file: &mut fs::File, bytes: &[u8]| {
+            file.write_all(&bytes[..1])?;
+            Err(io::Error::from(io::ErrorKind::StorageFull))
+        };
+        let e = write_replacing(&path, b"new figures", full).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+        assert!(!dir.path().join("box.calibration.json.tmp").exists());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "old");
+        // A link planted under the temporary name is replaced, not written through.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::write(&elsewhere, "untouched").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("box.calibration.json.tmp"))
+            .unwrap();
+        write_replacing(&path, b"new", |f, b| f.write_all(b)).unwrap();
+        assert_eq!(std::fs::read_to_string(&elsewhere).unwrap(), "untouched");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
     }
 
     #[test]

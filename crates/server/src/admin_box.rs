@@ -26,6 +26,9 @@ pub enum BackendState {
     Measuring,
     Ready,
     Restarting,
+    /// Restarting after several lives in a row that each ended early (a start that never got
+    /// healthy, or an exit soon after it did): the backend may never come back by itself.
+    CrashLoop,
     Failed,
     Stopped,
 }
@@ -37,6 +40,7 @@ impl BackendState {
             BackendState::Measuring => "measuring",
             BackendState::Ready => "ready",
             BackendState::Restarting => "restarting",
+            BackendState::CrashLoop => "crash_loop",
             BackendState::Failed => "failed",
             BackendState::Stopped => "stopped",
         }
@@ -60,13 +64,17 @@ pub struct BackendReport {
     pub peak_bytes: u64,
     /// Memory of the process tree now.
     pub current_bytes: u64,
+    /// Restarts attempted after the backend exited, counted when each attempt begins (whether
+    /// it comes up or not).
     pub restarts: u64,
+    /// Restart attempts that did not come up healthy.
+    pub start_failures: u64,
+    /// Why the backend last stopped serving: its exit status (`oom_killed` when the kernel's
+    /// OOM killer killed it inside the box's memory cgroup), or why a restart failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_exit: Option<String>,
     /// Set when memory grew past the measured peak by more than the drift margin.
     pub drifted: bool,
-    /// Why it last exited (`oom_killed` when the kernel's OOM killer killed it inside the box's
-    /// memory cgroup; else `exit code N` or `signal N`); absent until it has exited once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub restart_reason: Option<String>,
     /// While restarting: how long until the next attempt is healthy at the earliest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
@@ -161,7 +169,7 @@ pub fn render_metrics(state: &AppState) -> String {
     };
     let report = provider.report();
     let mut out = String::new();
-    let gauges: [Gauge; 5] = [
+    let gauges: [Gauge; 6] = [
         (
             "headroom_box_backend_resident_bytes",
             "Steady idle memory measured after warm-up",
@@ -179,8 +187,13 @@ pub fn render_metrics(state: &AppState) -> String {
         ),
         (
             "headroom_box_backend_restarts_total",
-            "Restarts after the backend exited",
+            "Restarts attempted after the backend exited, counted as each begins",
             |b| b.restarts as f64,
+        ),
+        (
+            "headroom_box_backend_start_failures_total",
+            "Restart attempts that did not come up healthy",
+            |b| b.start_failures as f64,
         ),
         (
             "headroom_box_backend_drifted",

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use headroom_gate::{
-    EngineLimits, GpuNeed, LaneSpec, LedgerSettings, PREEMPT_ALL, Policy, PoolKind, PreemptMode,
+    EngineLimits, GpuNeed, LaneSpec, LedgerSettings, Outlier, PREEMPT_ALL, Policy, PoolKind,
+    PreemptMode,
 };
 use serde::Deserialize;
 
@@ -162,6 +163,10 @@ pub struct LaneConfig {
     pub preempt_settle: Duration,
     /// The lane's name as the `x-headroom-lane` response value, built once.
     pub lane_header: axum::http::HeaderValue,
+    /// The lane's requests may run twice (`idempotent = true`): one that failed after it was
+    /// sent but before any response byte is sent again (a fresh connection, then another
+    /// replica). Off by default: such a request is answered 502, never repeated.
+    pub idempotent: bool,
 }
 
 impl LaneConfig {
@@ -269,6 +274,11 @@ struct RawLane {
     engine_fail_open: Option<bool>,
     upstream_api_key: Option<String>,
     upstream_api_key_env: Option<String>,
+    idempotent: Option<bool>,
+    eject_after_failures: Option<i64>,
+    base_ejection_time: Option<String>,
+    max_ejection_time: Option<String>,
+    max_ejection_percent: Option<i64>,
 }
 
 /// Parses `500ms`, `5s`, `2m` (and a bare number of seconds).
@@ -396,7 +406,7 @@ fn toml_error(text: &str, e: &toml::de::Error) -> ConfigError {
 }
 
 /// Keys whose values are duration strings.
-const DURATION_KEYS: [&str; 8] = [
+const DURATION_KEYS: [&str; 10] = [
     "shutdown_grace",
     "scrape_interval",
     "scrape_timeout",
@@ -405,6 +415,8 @@ const DURATION_KEYS: [&str; 8] = [
     "max_yield",
     "yield_linger",
     "engine_metrics_stale_after",
+    "base_ejection_time",
+    "max_ejection_time",
 ];
 
 /// The known key closest to `key` by edit distance, when it is close enough to be a typo.
@@ -527,6 +539,19 @@ impl ServeConfig {
             ));
         }
         let balancer = raw.balancer.unwrap_or_default().validate()?;
+        // The agent listener tells anyone who connects how loaded the box is, with no key of
+        // its own: off loopback, the same rule as `listen`.
+        if let Some(agent) = balancer.agent_listen
+            && !agent.ip().is_loopback()
+            && api_keys.is_empty()
+        {
+            return Err(key_err(
+                "balancer.agent_listen",
+                format!(
+                    "{agent} is not loopback, so API keys are required as for `listen` (set api_keys or api_keys_env)"
+                ),
+            ));
+        }
         let mut lanes = Vec::with_capacity(raw.lanes.len());
         let mut notes = Vec::new();
         for (i, lane) in raw.lanes.into_iter().enumerate() {
@@ -597,6 +622,7 @@ fn lane_config(
     if name.is_empty() {
         return Err(key_err(format!("lanes[{index}].name"), "must not be empty"));
     }
+    let outlier = outlier(&raw, &k)?;
     if raw.paths.is_empty() {
         return Err(key_err(k("paths"), "at least one path is required"));
     }
@@ -868,6 +894,7 @@ fn lane_config(
         upstreams,
         gpu,
         engine,
+        outlier,
     };
     if spec.request_timeout.is_zero() {
         return Err(key_err(k("request_timeout"), "must be longer than 0"));
@@ -893,6 +920,66 @@ fn lane_config(
         metrics_path: raw.metrics_path.unwrap_or_else(|| "/metrics".into()),
         upstream_api_key,
         preempt_settle,
+        idempotent: raw.idempotent.unwrap_or(false),
+    })
+}
+
+/// A lane's passive-health keys (`eject_after_failures`, `base_ejection_time`,
+/// `max_ejection_time`, `max_ejection_percent`) over the defaults.
+fn outlier(raw: &RawLane, k: &dyn Fn(&str) -> String) -> Result<Outlier, ConfigError> {
+    let d = Outlier::default();
+    let time = |key: &str, v: &Option<String>, default: Duration| match v {
+        None => Ok(default),
+        Some(s) => parse_duration(s)
+            .filter(|d| !d.is_zero() && *d <= Duration::from_secs(24 * 3600))
+            .ok_or_else(|| {
+                key_err(
+                    k(key),
+                    format!("`{s}` is not a duration between 1ms and 24h, like 500ms, 5s or 2m"),
+                )
+            }),
+    };
+    let eject_after_failures = match raw.eject_after_failures {
+        None => d.eject_after_failures,
+        Some(n) if (1..=1000).contains(&n) => n as u32,
+        Some(n) => {
+            return Err(key_err(
+                k("eject_after_failures"),
+                format!("{n} is not a count of failures between 1 and 1000"),
+            ));
+        }
+    };
+    let max_ejection_percent = match raw.max_ejection_percent {
+        None => d.max_ejection_percent,
+        Some(n) if (0..=100).contains(&n) => n as u8,
+        Some(n) => {
+            return Err(key_err(
+                k("max_ejection_percent"),
+                format!("{n} is not a percentage between 0 and 100"),
+            ));
+        }
+    };
+    let base_ejection_time = time(
+        "base_ejection_time",
+        &raw.base_ejection_time,
+        d.base_ejection_time,
+    )?;
+    let max_ejection_time = time(
+        "max_ejection_time",
+        &raw.max_ejection_time,
+        d.max_ejection_time,
+    )?;
+    if max_ejection_time < base_ejection_time {
+        return Err(key_err(
+            k("max_ejection_time"),
+            "must not be shorter than base_ejection_time",
+        ));
+    }
+    Ok(Outlier {
+        eject_after_failures,
+        base_ejection_time,
+        max_ejection_time,
+        max_ejection_percent,
     })
 }
 
@@ -951,6 +1038,13 @@ paths = ["/v1/audio/transcriptions", "/v1/audio/translations", "/v1/audio/speech
 models = []                            # exact names or prefixes ending in "*"; empty = any
 chat_audio = false                     # true: chat requests carrying audio parts come here
 upstreams = ["http://127.0.0.1:8001"]  # replicas; the least loaded one gets each request
+idempotent = false                     # true: a request that failed before any response byte may be sent
+                                       # again (fresh connection, other replica); false: it is answered 502
+eject_after_failures = 3               # failures in a row (refused, reset, closed, 5xx, a timeout) that
+                                       # take a replica out of rotation...
+base_ejection_time = "5s"              # ...for this long times the ejections it had in a row...
+max_ejection_time = "300s"             # ...at most this long; then one request probes it back in
+max_ejection_percent = 50              # most of the lane's replicas out at once (never the last one)
 priority = 10                          # higher goes first when lanes compete for max_inflight_total
 max_inflight = 1                       # requests running upstream at once
 max_queue = 8                          # requests allowed to wait (0 allowed)
@@ -1115,11 +1209,72 @@ policy = "queue"
             "upstream_api_key_env",
             "preempt_per_job",
             "preempt_settle",
+            "idempotent",
+            "eject_after_failures",
+            "base_ejection_time",
+            "max_ejection_time",
+            "max_ejection_percent",
         ] {
             assert!(
                 EXAMPLE_CONFIG.contains(&format!("{key} =")),
                 "example lacks {key}"
             );
+        }
+    }
+
+    #[test]
+    fn an_agent_listener_off_loopback_needs_api_keys_like_listen() {
+        let lane =
+            "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\n";
+        let with = |top: &str, agent: &str| {
+            format!("{top}\n[balancer]\nagent_listen = \"{agent}\"\n{lane}")
+        };
+        ServeConfig::from_toml(&with("", "127.0.0.1:9101")).unwrap();
+        let e = ServeConfig::from_toml(&with("", "0.0.0.0:9101"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("balancer.agent_listen") && e.contains("API keys are required"),
+            "{e}"
+        );
+        ServeConfig::from_toml(&with("api_keys = [\"k\"]", "0.0.0.0:9101")).unwrap();
+    }
+
+    #[test]
+    fn passive_health_keys_default_like_the_docs_and_bad_values_name_the_key() {
+        let lane = |extra: &str| {
+            format!(
+                "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\n{extra}"
+            )
+        };
+        let l = ServeConfig::from_toml(&lane("")).unwrap().lanes.remove(0);
+        assert!(!l.idempotent);
+        assert_eq!(l.spec.outlier, Outlier::default());
+        assert_eq!(l.spec.outlier.eject_after_failures, 3);
+        assert_eq!(l.spec.outlier.base_ejection_time, Duration::from_secs(5));
+        let l = ServeConfig::from_toml(&lane(
+            "idempotent = true\neject_after_failures = 5\nbase_ejection_time = \"30s\"\nmax_ejection_percent = 10",
+        ))
+        .unwrap()
+        .lanes
+        .remove(0);
+        assert!(l.idempotent);
+        assert_eq!(l.spec.outlier.eject_after_failures, 5);
+        assert_eq!(l.spec.outlier.base_ejection_time, Duration::from_secs(30));
+        assert_eq!(l.spec.outlier.max_ejection_percent, 10);
+        for (extra, key) in [
+            ("eject_after_failures = 0", "eject_after_failures"),
+            ("max_ejection_percent = 101", "max_ejection_percent"),
+            ("base_ejection_time = \"0s\"", "base_ejection_time"),
+            (
+                "base_ejection_time = \"10s\"\nmax_ejection_time = \"5s\"",
+                "max_ejection_time",
+            ),
+        ] {
+            let e = ServeConfig::from_toml(&lane(extra))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{extra}: {e}");
         }
     }
 

@@ -19,6 +19,7 @@ pub mod proxy;
 mod request;
 pub mod retry_watch;
 pub mod scrape;
+pub mod stderr;
 pub mod telemetry;
 pub mod tokens;
 pub mod ui;

@@ -272,7 +272,9 @@ fn save_changed(setup: &FeedSetup, saved: &mut HashMap<usize, LearnedNeed>) {
                 saved.insert(lane, l);
             }
         }
-        Err(e) => eprintln!("headroom serve: cannot save learned memory needs: {e}"),
+        Err(e) => crate::stderr::line(&format!(
+            "headroom serve: cannot save learned memory needs: {e}"
+        )),
     }
 }
 

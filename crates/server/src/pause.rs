@@ -70,11 +70,13 @@ async fn set_one(client: &reqwest::Client, lane: &LaneConfig, upstream: &str, pa
     let name = &lane.spec.name;
     match req.send().await {
         Ok(r) if r.status().is_success() => {}
-        Ok(r) => eprintln!(
+        Ok(r) => crate::stderr::line(&format!(
             "headroom serve: lane {name}: {upstream} answered {} to {path} (preempt_mode = \"pause\" \
              needs vLLM started with VLLM_SERVER_DEV_MODE=1)",
             r.status().as_u16()
-        ),
-        Err(e) => eprintln!("headroom serve: lane {name}: {upstream}{path} failed: {e}"),
+        )),
+        Err(e) => crate::stderr::line(&format!(
+            "headroom serve: lane {name}: {upstream}{path} failed: {e}"
+        )),
     }
 }

@@ -263,6 +263,10 @@ impl Stream for Passthrough {
                 return Poll::Ready(Some(Ok(chunk)));
             }
             Poll::Ready(Some(Err(_))) => {
+                // A reset or a cut mid-body counts against the upstream's health.
+                if let Some(p) = this.flight.permit_mut() {
+                    p.mark_upstream(false);
+                }
                 let e = ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "upstream_stream_error",

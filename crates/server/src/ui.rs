@@ -672,7 +672,7 @@ fn backends_table(view: &UiView) -> String {
             bytes("resident_bytes"),
             bytes("peak_bytes"),
             b["restarts"].as_u64().unwrap_or(0),
-            escape(b["restart_reason"].as_str().unwrap_or("–"))
+            escape(b["last_exit"].as_str().unwrap_or("–"))
         );
     }
     t.push_str("</tbody></table>");

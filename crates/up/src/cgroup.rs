@@ -17,7 +17,7 @@
 //!   `up` (`kill -9`) its backends die with it (`process`), the empty cgroup stays, and the next
 //!   `up` in the same cgroup removes it at start, killing anything still inside.
 //! - **OOM kills** are the cgroup's own count; a backend that exits by SIGKILL while the count
-//!   rose since the last exit was killed by the kernel (`oom_killed`).
+//!   rose since the last exit was killed by the kernel (its `last_exit` is `oom_killed`).
 
 use std::fs;
 use std::io;
@@ -46,12 +46,12 @@ pub struct BoxCgroup {
     removed: AtomicBool,
 }
 
-/// How a backend ended, for its restart reason.
+/// How a backend ended, for its `last_exit`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Exit {
     /// SIGKILL from the kernel's OOM killer (the cgroup's count rose).
     OomKilled,
-    /// Any other end: `exit code N`, `signal N`, or `unknown`.
+    /// Any other end: `exited (STATUS)`.
     Other(String),
 }
 
@@ -64,16 +64,11 @@ impl Exit {
     }
 }
 
-/// The plain reason of an exit status.
+/// The plain reason of an exit status: `exited (exit status: 1)`, `exited (signal: 9 (SIGKILL))`.
 pub fn exit_reason(status: Option<ExitStatus>) -> String {
-    use std::os::unix::process::ExitStatusExt;
     match status {
-        Some(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => format!("exit code {code}"),
-            (None, Some(sig)) => format!("signal {sig}"),
-            _ => "unknown".into(),
-        },
-        None => "unknown".into(),
+        Some(s) => format!("exited ({s})"),
+        None => "exited (unknown status)".into(),
     }
 }
 
@@ -337,17 +332,19 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(
             exit_reason(Some(ExitStatus::from_raw(1 << 8))),
-            "exit code 1"
+            "exited (exit status: 1)"
         );
-        assert_eq!(exit_reason(Some(ExitStatus::from_raw(9))), "signal 9");
-        assert_eq!(exit_reason(None), "unknown");
+        assert_eq!(
+            exit_reason(Some(ExitStatus::from_raw(9))),
+            "exited (signal: 9 (SIGKILL))"
+        );
+        assert_eq!(exit_reason(None), "exited (unknown status)");
     }
 
     // ---- real cgroups (CI runs as root on a machine with a memory controller) ----------------
 
-    use crate::boxfile::{BackendConfig, Engine, Role};
+    use crate::process::tests::backend;
     use crate::process::{Group, spawn_in};
-    use std::collections::BTreeMap;
 
     const MIB: u64 = 1024 * 1024;
 
@@ -365,26 +362,6 @@ mod tests {
 
     fn made(h: &MemoryHierarchy, name: &str, limit: u64) -> BoxCgroup {
         BoxCgroup::create_in(h, name, limit, &|_| {}).expect("a memory cgroup")
-    }
-
-    fn backend(command: &str, args: &[&str]) -> BackendConfig {
-        BackendConfig {
-            name: "t".into(),
-            role: Role::Audio,
-            engine: Engine::Other,
-            command: command.into(),
-            args: args.iter().map(|s| s.to_string()).collect(),
-            env: BTreeMap::new(),
-            port: 1,
-            health: "/health".into(),
-            ready_timeout: Duration::from_secs(1),
-            steady_window: Duration::from_secs(1),
-            steady_timeout: Duration::from_secs(1),
-            warmup: None,
-            text: None,
-            audio_vllm: None,
-            stop_grace: Duration::from_secs(1),
-        }
     }
 
     fn run_in(cg: &BoxCgroup, dir: &Path, command: &str, args: &[&str]) -> Group {
@@ -517,7 +494,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         kill_process(Pid::from_raw(g.pid as i32).unwrap(), Signal::KILL).unwrap();
         let status = g.wait().await;
-        assert_eq!(cg.judge_exit(status), Exit::Other("signal 9".into()));
+        assert_eq!(
+            cg.judge_exit(status),
+            Exit::Other("exited (signal: 9 (SIGKILL))".into())
+        );
         assert_eq!(cg.report().unwrap().oom_kills, 1);
     }
 

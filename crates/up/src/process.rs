@@ -10,7 +10,6 @@
 //! the grandchildren (vLLM's engine core, worker processes) that the death signal does not. A
 //! grandchild that leaves the group (its own `setsid`) escapes both.
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::OnceLock;
@@ -125,14 +124,10 @@ pub fn spawn_in(
     log: &Path,
     join: Option<&Path>,
 ) -> Result<Group, UpError> {
-    let out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| UpError::Io {
-            what: format!("log file {}", log.display()),
-            source: e,
-        })?;
+    let out = crate::logs::open_log(log).map_err(|e| UpError::Io {
+        what: format!("log file {}", log.display()),
+        source: e,
+    })?;
     let err = out.try_clone().map_err(|e| UpError::Io {
         what: format!("log file {}", log.display()),
         source: e,
@@ -347,11 +342,12 @@ pub fn check_command(backend: &BackendConfig) -> Result<(), UpError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    fn backend(command: &str, args: &[&str]) -> BackendConfig {
+    /// A backend config running `command args` (for tests of starting processes).
+    pub(crate) fn backend(command: &str, args: &[&str]) -> BackendConfig {
         BackendConfig {
             name: "t".into(),
             role: crate::boxfile::Role::Audio,

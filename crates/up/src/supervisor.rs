@@ -27,6 +27,7 @@ use crate::budget::{AudioFootprint, Budget, CoTenants, mib};
 use crate::cgroup::{BoxCgroup, Exit, exit_reason};
 use crate::flags::{self, TextFlags};
 use crate::lanes::{LaneFigures, serve_config};
+use crate::logs::LogDir;
 use crate::process::{self, Group};
 use crate::steady::{SteadyRule, judge};
 use crate::warmup;
@@ -38,8 +39,11 @@ pub struct UpOptions {
     pub box_path: PathBuf,
     /// Measure again even when a calibration file exists.
     pub recalibrate: bool,
-    /// Where backend logs go (default: a `NAME.log` per backend in a temporary folder).
+    /// Where backend logs go (default: a `NAME.log` per backend in a fresh private folder
+    /// under the temporary directory, removed at a clean stop unless `keep_logs`).
     pub log_dir: Option<PathBuf>,
+    /// Keep the default log folder after a clean stop.
+    pub keep_logs: bool,
     /// Receives one line per step, as it happens.
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
 }
@@ -161,7 +165,7 @@ struct Ctx {
     meter: Meter,
     status: Arc<BoxStatus>,
     client: reqwest::Client,
-    log_dir: PathBuf,
+    logs: LogDir,
     started_ms: u64,
     /// The memory cgroup every backend runs in (`[memory] enforce`).
     enforced: Option<BoxCgroup>,
@@ -173,7 +177,15 @@ impl Ctx {
     }
 
     fn log_path(&self, name: &str) -> PathBuf {
-        self.log_dir.join(format!("{name}.log"))
+        self.logs.file(name)
+    }
+
+    /// A clean stop: the run's private log folder goes unless kept.
+    fn finish_logs(&self) {
+        match self.logs.finish() {
+            None => self.say("up: backend logs removed (--keep-logs or --log-dir keeps them)"),
+            Some(dir) => self.say(&format!("up: backend logs kept in {}", dir.display())),
+        }
     }
 
     /// How a backend that exited during start-up ended: named as an OOM kill where the box's
@@ -211,6 +223,7 @@ async fn run_inner(
     opts: UpOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<(), UpError> {
+    crate::checks::before_start(&config, &opts.box_path)?;
     preflight(&config)?;
     let listener = tokio::net::TcpListener::bind(config.serve.listen)
         .await
@@ -221,14 +234,7 @@ async fn run_inner(
         })?;
     let enforced = enforce_capacity(&config, &opts)?;
     let (meter, probe) = open_meter(&config, enforced.as_ref())?;
-    let log_dir = match &opts.log_dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("headroom-up-{}", std::process::id())),
-    };
-    std::fs::create_dir_all(&log_dir).map_err(|e| UpError::Io {
-        what: format!("log folder {}", log_dir.display()),
-        source: e,
-    })?;
+    let logs = LogDir::create(opts.log_dir.as_deref(), opts.keep_logs)?;
     let mut report = initial_report(&config, meter.capacity);
     report.enforce = enforced.as_ref().and_then(BoxCgroup::report);
     let status = Arc::new(BoxStatus {
@@ -244,7 +250,7 @@ async fn run_inner(
         meter,
         status,
         client,
-        log_dir,
+        logs,
         started_ms: now_ms(),
         enforced,
     });
@@ -265,7 +271,7 @@ async fn run_inner(
         mib(ctx.meter.capacity),
         mib(ctx.config.memory.margin),
         ctx.config.memory.sample_interval.as_millis(),
-        ctx.log_dir.display()
+        ctx.logs.path().display()
     ));
 
     if let Some(w) = process::death_tie().warning() {
@@ -285,6 +291,7 @@ async fn run_inner(
         None => {
             ctx.say("up: stopped during start-up; stopping what was started");
             stop_all_started(&ctx, &mut started).await;
+            ctx.finish_logs();
             return Ok(());
         }
         Some(Err(e)) => {
@@ -362,7 +369,11 @@ async fn run_inner(
             )),
         }
     }
-    served.map_err(|e| UpError::Serve(e.to_string()))
+    let served = served.map_err(|e| UpError::Serve(e.to_string()));
+    if served.is_ok() {
+        ctx.finish_logs();
+    }
+    served
 }
 
 /// With `[memory] enforce`: the box's memory cgroup, limited to the capacity (stale ones of
@@ -484,9 +495,10 @@ fn initial_report(config: &BoxConfig, capacity: u64) -> BoxReport {
                 peak_bytes: 0,
                 current_bytes: 0,
                 restarts: 0,
+                start_failures: 0,
+                last_exit: None,
                 drifted: false,
                 retry_after_ms: None,
-                restart_reason: None,
                 flags: Vec::new(),
                 plan_check: None,
             })
@@ -1200,8 +1212,20 @@ fn versions_seen(b: &BackendConfig) -> String {
     }
 }
 
+/// A life of a backend shorter than this (from healthy to exit) counts as ended early, and a
+/// longer one restarts the backoff from `restart_backoff`.
+const STAYED_UP: Duration = Duration::from_secs(60);
+
+/// Lives in a row that ended early (a restart that never got healthy, or an exit within
+/// [`STAYED_UP`]) that make a crash loop.
+pub const CRASH_LOOP_AFTER: u32 = 3;
+
 /// Keeps one backend running: waits for it to exit (restarts it with exponential backoff) or
-/// to be told to stop (stops its process group).
+/// to be told to stop (stops its process group). Every restart attempt is counted as it begins
+/// (`restarts`), every one that does not come up healthy as a start failure, and the state says
+/// `crash_loop` once [`CRASH_LOOP_AFTER`] lives in a row ended early, with the last exit's
+/// reason beside it: a backend that can no longer start is visible at once, not only when a
+/// restart succeeds.
 async fn keep(
     ctx: Arc<Ctx>,
     b: BackendConfig,
@@ -1212,6 +1236,14 @@ async fn keep(
 ) {
     let mut backoff = ctx.config.restart_backoff;
     let mut healthy_since = Instant::now();
+    let mut early_in_a_row = 0u32;
+    let down_state = |in_a_row: u32| {
+        if in_a_row >= CRASH_LOOP_AFTER {
+            BackendState::CrashLoop
+        } else {
+            BackendState::Restarting
+        }
+    };
     loop {
         let exited = tokio::select! {
             status = group.wait() => status,
@@ -1221,9 +1253,11 @@ async fn keep(
                 return;
             }
         };
-        if healthy_since.elapsed() > Duration::from_secs(60) {
+        if healthy_since.elapsed() > STAYED_UP {
             backoff = ctx.config.restart_backoff;
+            early_in_a_row = 0;
         }
+        early_in_a_row += 1;
         let exit = match &ctx.enforced {
             Some(c) => c.judge_exit(exited),
             None => Exit::Other(exit_reason(exited)),
@@ -1236,16 +1270,16 @@ async fn keep(
                     "was killed by the kernel's OOM killer: the box's memory cgroup reached its limit of {}",
                     mib(ctx.meter.capacity)
                 ),
-                Exit::Other(reason) => format!("exited ({reason})"),
+                Exit::Other(_) => exit.reason(),
             },
             backoff.as_secs_f64()
         ));
         let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
         ctx.status.update(&b.name, |r| {
-            r.state = BackendState::Restarting;
+            r.state = down_state(early_in_a_row);
             r.pid = None;
             r.retry_after_ms = Some(retry_ms);
-            r.restart_reason = Some(exit.reason());
+            r.last_exit = Some(exit.reason());
         });
         // Whatever the group forked goes with it.
         group.stop(Duration::from_secs(2)).await;
@@ -1258,6 +1292,7 @@ async fn keep(
                 }
             }
             backoff = (backoff * 2).min(ctx.config.restart_backoff_max);
+            ctx.status.update(&b.name, |r| r.restarts += 1);
             let attempt = tokio::select! {
                 r = start(&ctx, &b, &args, &env) => r,
                 _ = stopped(&mut stop) => {
@@ -1271,15 +1306,25 @@ async fn keep(
                     break;
                 }
                 Err(e) => {
+                    early_in_a_row += 1;
+                    let state = down_state(early_in_a_row);
                     ctx.say(&format!(
-                        "up: [{}] restart failed: {e}; next try in {:.1} s",
+                        "up: [{}] restart failed{}: {e}; next try in {:.1} s",
                         b.name,
+                        if state == BackendState::CrashLoop {
+                            format!(" ({early_in_a_row} in a row: crash loop)")
+                        } else {
+                            String::new()
+                        },
                         backoff.as_secs_f64()
                     ));
                     let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
+                    let reason = one_line(&e.to_string());
                     ctx.status.update(&b.name, |r| {
-                        r.state = BackendState::Restarting;
+                        r.state = state;
+                        r.start_failures += 1;
                         r.retry_after_ms = Some(retry_ms);
+                        r.last_exit = Some(reason);
                     });
                 }
             }
@@ -1287,7 +1332,6 @@ async fn keep(
         healthy_since = Instant::now();
         ctx.status.update(&b.name, |r| {
             r.state = BackendState::Ready;
-            r.restarts += 1;
             r.retry_after_ms = None;
         });
         ctx.say(&format!(
@@ -1295,6 +1339,11 @@ async fn keep(
             b.name, group.pid
         ));
     }
+}
+
+/// A message on one line (a backend's last log line may bring its own line breaks).
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Whether `now` is past the measured `peak` by more than `margin` (a fraction of the peak).

@@ -17,9 +17,11 @@ use crate::telemetry::EARLY_RETRIES_TOTAL;
 
 /// The deadline of a request that arrived at `arrival`.
 pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, asked: Option<&HeaderValue>) -> Deadline {
+    let lane_timeout = lane.config.spec.request_timeout;
     let mut deadline = Deadline {
-        at: arrival + lane.config.spec.request_timeout,
-        timeout: lane.config.spec.request_timeout,
+        at: arrival + lane_timeout,
+        timeout: lane_timeout,
+        lane_timeout,
     };
     if let Some(ms) = asked
         .and_then(|v| v.to_str().ok())
@@ -30,6 +32,7 @@ pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, asked: Option<&HeaderVa
             deadline = Deadline {
                 at: arrival + asked,
                 timeout: asked,
+                lane_timeout,
             };
         }
     }

@@ -47,6 +47,7 @@ pub(super) fn outgoing<'a>(
         query: uri.query(),
         headers,
         body,
+        idempotent: lane.config.idempotent,
     }
 }
 
@@ -76,17 +77,19 @@ pub(super) async fn send(
 pub(super) enum Attempt {
     /// A response head arrived (any status).
     Answered(UpstreamResponse),
-    /// The request never reached the upstream and another upstream of the lane takes it.
+    /// The request may go elsewhere and another upstream of the lane takes it.
     Rerouted,
 }
 
-/// The upstream's response head, a reroute to another upstream for a request that provably
-/// never reached this one (connection refused, or reset before any response byte), or the 502.
-/// Every outcome feeds the upstream's passive health: a 5xx or an unreachable upstream counts
-/// as a failure, any other answer as a success.
+/// The upstream's response head, a reroute to another upstream of the lane for a request that
+/// may be sent again ([`crate::upstream::UpstreamError::may_reroute`]: none of it was written, or
+/// the lane is `idempotent` and no response byte came back), or the 502. Every outcome feeds the
+/// upstream's passive health: a 5xx or a failed exchange counts as a failure, any other answer
+/// as a success.
 pub(super) fn received(
     sent: Result<UpstreamResponse, UpstreamError>,
     flight: &mut Flight,
+    idempotent: bool,
 ) -> Result<Attempt, ApiError> {
     match sent {
         Ok(response) => {
@@ -96,10 +99,8 @@ pub(super) fn received(
             Ok(Attempt::Answered(response))
         }
         Err(e) => {
-            if e.never_reached()
-                && let Some(p) = flight.permit_mut()
-            {
-                if p.reroute().is_some() {
+            if let Some(p) = flight.permit_mut() {
+                if e.may_reroute(idempotent) && p.reroute().is_some() {
                     return Ok(Attempt::Rerouted);
                 }
                 p.mark_upstream(false);
@@ -107,6 +108,13 @@ pub(super) fn received(
             flight.finish("upstream_error");
             let message = if e.is_connect() {
                 "the upstream could not be reached"
+            } else if e.unsent() {
+                "the connection to the upstream failed before the request was sent"
+            } else if e.unanswered() && idempotent {
+                "the upstream failed before it answered, on every replica tried"
+            } else if e.unanswered() {
+                "the upstream failed before it answered; the request was not sent again, since it \
+                 may have run (a lane whose requests may run twice says idempotent = true)"
             } else {
                 "the upstream request failed before a response arrived"
             };

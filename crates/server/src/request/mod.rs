@@ -116,6 +116,8 @@ impl<'a> Lane<'a> {
 struct Deadline {
     at: Instant,
     timeout: std::time::Duration,
+    /// The lane's own `request_timeout` (what an upstream is judged by).
+    lane_timeout: std::time::Duration,
 }
 
 /// A response, and the upstream's end-to-end header fields kept as the upstream wrote them until
@@ -200,7 +202,7 @@ pub(crate) async fn handle(
             &mut flight,
         )
         .await?;
-        match forward::received(sent, &mut flight)? {
+        match forward::received(sent, &mut flight, lane.config.idempotent)? {
             forward::Attempt::Answered(response) => break response,
             forward::Attempt::Rerouted => {
                 // A reroute keeps the permit (it moved to another upstream).

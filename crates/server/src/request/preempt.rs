@@ -41,7 +41,10 @@ pub(super) fn arm(permit: &Permit) -> Option<Waiter> {
 
 /// Awaits `send` until the deadline (on the connection's `timer` when there is one, else on a
 /// timer of its own); a preemption or the deadline ends the flight with its error. Dropping the
-/// request future closes its connection, so the engine stops.
+/// request future closes its connection, so the engine stops. An upstream that held the request
+/// for half the lane's own `request_timeout` or more without a response head has failed it (its
+/// passive health counts the timeout); a shorter wait (a client's shorter deadline, most of the
+/// time spent queued) is nobody's failure.
 pub(super) async fn race<T>(
     send: impl Future<Output = T>,
     preempted: Option<&mut Waiter>,
@@ -64,6 +67,11 @@ pub(super) async fn race<T>(
             Err(ApiError::preempted(flight.lane()))
         }
         Ended::Deadline => {
+            if let Some(p) = flight.permit_mut()
+                && p.admitted_at().elapsed() >= deadline.lane_timeout / 2
+            {
+                p.mark_upstream(false);
+            }
             flight.finish("deadline");
             Err(ApiError::deadline(flight.lane(), deadline.timeout))
         }

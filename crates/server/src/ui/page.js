@@ -88,7 +88,7 @@
                 { text: x.resident_bytes == null ? "\u2013" : gib(x.resident_bytes) },
                 { text: x.peak_bytes == null ? "\u2013" : gib(x.peak_bytes) },
                 { text: x.restarts },
-                { text: x.restart_reason || "\u2013" }];
+                { text: x.last_exit || "\u2013" }];
       }, "no backends");
     }
     var ledger = document.getElementById("ledger");

@@ -1,10 +1,14 @@
 //! The proxied path's upstream HTTP/1 client (HTTP/1.1 on the wire in [`wire`], no connection
 //! task): one keep-alive pool per upstream address ([`Endpoint`]), each exchange driven inside
 //! the request's own task, so a proxied request costs no hand-off between tasks or worker threads.
-//! A pooled connection the upstream has closed is noticed before reuse; one that turns out stale
-//! only after the request went out (it provably never reached the upstream) is sent again once
-//! on a fresh connection. No redirects are followed (a 3xx is passed back as it is), connects
-//! are bounded by a timeout, and plain HTTP only (the config refuses `https://` upstreams).
+//! A pooled connection the upstream has closed is noticed before reuse (the socket itself is
+//! asked, not the reactor's last word). A request the upstream may have taken is never sent
+//! again, as nginx and Go's client treat a POST: a pooled connection that failed before anything
+//! was written, or that the upstream reset with the request unread, takes it again once on a
+//! fresh connection; any other failure is the caller's to answer, unless the request says it
+//! may run twice ([`Outgoing::idempotent`]). No redirects are followed (a 3xx is passed back as
+//! it is), connects are bounded by a timeout, and plain HTTP only (the config refuses
+//! `https://` upstreams).
 
 mod pool;
 mod response;
@@ -45,13 +49,16 @@ pub enum UpstreamError {
     /// The request's query cannot go into a request line.
     #[error("invalid request target: {0}")]
     BadTarget(String),
-    /// The connection failed (`answered`: after some of the response had arrived).
+    /// The connection failed (`written`: after some of the request was written; `answered`:
+    /// after some of the response had arrived).
     #[error("upstream connection error: {source}")]
     Io {
         source: std::io::Error,
+        written: bool,
         answered: bool,
     },
-    /// The upstream closed the connection before the response was complete.
+    /// The upstream closed the connection before the response was complete (the whole request
+    /// had been written).
     #[error("the upstream closed the connection before the response {}", if *.answered { "was complete" } else { "began" })]
     Closed { answered: bool },
     /// The upstream's response broke HTTP/1.1.
@@ -68,38 +75,77 @@ impl UpstreamError {
         )
     }
 
-    fn io(source: std::io::Error, answered: bool) -> UpstreamError {
-        UpstreamError::Io { source, answered }
+    fn io(source: std::io::Error, written: bool, answered: bool) -> UpstreamError {
+        UpstreamError::Io {
+            source,
+            written,
+            answered,
+        }
     }
 
-    /// Whether the request provably never reached the upstream: it could not connect, or the
-    /// connection was closed or reset under the request before any response byte came back.
-    pub fn never_reached(&self) -> bool {
-        use std::io::ErrorKind::*;
+    /// Whether no byte of the request reached the wire: it could not connect, or the write
+    /// failed before its first byte. Such a request may go anywhere else, whatever it is.
+    pub fn unsent(&self) -> bool {
         match self {
             UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
-            UpstreamError::Closed { answered } => !answered,
-            UpstreamError::Io { source, answered } => {
-                !answered
-                    && matches!(
-                        source.kind(),
-                        ConnectionReset | ConnectionAborted | BrokenPipe
-                    )
-            }
-            UpstreamError::BadAddress(_)
+            UpstreamError::Io { written, .. } => !written,
+            UpstreamError::Closed { .. }
+            | UpstreamError::BadAddress(_)
             | UpstreamError::BadTarget(_)
             | UpstreamError::Malformed(_) => false,
         }
     }
+
+    /// Whether the upstream reset the connection before any response byte. A TCP whose
+    /// application closes its socket with received data still unread answers with a reset
+    /// instead of a close (RFC 1122 section 4.2.2.13: "to show that data was lost"): on a
+    /// connection that had carried whole exchanges before, the request was still unread when
+    /// the upstream let the connection go, the keep-alive race that llama.cpp's server makes
+    /// after every stream. (A clean close is no such sign: an engine that read the request and
+    /// then died closes the same way as one that closed an idle connection.)
+    pub fn reset_unread(&self) -> bool {
+        use std::io::ErrorKind::*;
+        matches!(self, UpstreamError::Io { source, answered: false, .. }
+            if matches!(source.kind(), ConnectionReset | ConnectionAborted | BrokenPipe))
+    }
+
+    /// Whether the request failed before any response byte came back: unsent, or sent and then
+    /// closed or reset under it. The upstream may have run it (an engine that read it and then
+    /// died looks the same as one that closed a kept-alive connection as the request arrived),
+    /// so only a request that may run twice is sent elsewhere after this.
+    pub fn unanswered(&self) -> bool {
+        match self {
+            UpstreamError::Closed { answered } => !answered,
+            other => other.reset_unread() || other.unsent(),
+        }
+    }
+
+    /// Whether a request that failed this way may go to another replica: when none of it was
+    /// written, or, for a request that may run twice (`idempotent`), when no response byte came
+    /// back.
+    pub fn may_reroute(&self, idempotent: bool) -> bool {
+        self.unsent() || (idempotent && self.unanswered())
+    }
+
+    /// Whether a request that failed this way on a reused keep-alive connection may be sent
+    /// again on a fresh one to the same upstream: what may be rerouted, and a request the
+    /// upstream reset unread ([`UpstreamError::reset_unread`]).
+    fn may_resend_fresh(&self, idempotent: bool) -> bool {
+        self.may_reroute(idempotent) || self.reset_unread()
+    }
 }
 
 /// One request to send: its target (path and query), header fields (as lines, written with
-/// [`wire::header_line`]; no `host` or `content-length`, which the client writes) and whole body.
+/// [`wire::header_line`]; no `host` or `content-length`, which the client writes), whole body,
+/// and whether it may run twice.
 pub struct Outgoing<'a> {
     pub path: &'static str,
     pub query: Option<&'a str>,
     pub headers: Vec<u8>,
     pub body: Bytes,
+    /// The request may be sent again after it was written, when no response byte came back
+    /// (the lane's `idempotent`). Off: once a byte of it is written it is sent nowhere else.
+    pub idempotent: bool,
 }
 
 impl Outgoing<'_> {
@@ -129,8 +175,9 @@ impl Outgoing<'_> {
 }
 
 /// Sends `outgoing` to `endpoint`; resolves when the response head arrives. A reused connection
-/// that fails in a way that proves the upstream never took the request is replaced by a fresh
-/// connection and the request sent once more (the body is in memory; it cannot run twice).
+/// that failed before a byte of the request was written, or that the upstream reset with the
+/// request unread (or, for a request that may run twice, that failed before any response byte)
+/// is replaced by a fresh connection and the request sent once more.
 pub async fn send(
     endpoint: &Arc<Endpoint>,
     outgoing: &Outgoing<'_>,
@@ -144,7 +191,7 @@ pub async fn send(
             None => endpoint.connect().await?,
         };
         match response::exchange(endpoint.clone(), conn, outgoing).await {
-            Err(e) if reused && !resent && e.never_reached() => {
+            Err(e) if reused && !resent && e.may_resend_fresh(outgoing.idempotent) => {
                 endpoint.count_stale_resend();
                 resent = true;
             }

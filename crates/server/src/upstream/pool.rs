@@ -27,6 +27,8 @@ pub(super) const BODY_WITH_HEAD: usize = READ_CHUNK;
 pub(super) struct Conn {
     tcp: TcpStream,
     pub(super) buf: BytesMut,
+    /// Some byte of the current exchange's request has been written.
+    pub(super) wrote: bool,
     /// Some response byte has arrived on the current exchange.
     pub(super) answered: bool,
 }
@@ -44,20 +46,37 @@ impl Conn {
         Box::new(Conn {
             tcp,
             buf: BytesMut::new(),
+            wrote: false,
             answered: false,
         })
     }
 
     /// Writes a request: its head and body, in one write when the body is small (the head was
-    /// given room for it, [`BODY_WITH_HEAD`]).
+    /// given room for it, [`BODY_WITH_HEAD`]). [`Conn::wrote`] says afterwards whether any of it
+    /// went out, so a failure can tell a request never sent from one that was.
     pub(super) async fn write(&mut self, mut head: Vec<u8>, body: &[u8]) -> std::io::Result<()> {
         self.answered = false;
+        self.wrote = false;
         if body.len() <= BODY_WITH_HEAD {
             head.extend_from_slice(body);
-            return self.tcp.write_all(&head).await;
+            return self.write_all(&head).await;
         }
-        self.tcp.write_all(&head).await?;
-        self.tcp.write_all(body).await
+        self.write_all(&head).await?;
+        self.write_all(body).await
+    }
+
+    /// `write_all`, noting the first byte written.
+    async fn write_all(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            match self.tcp.write(bytes).await? {
+                0 => return Err(ErrorKind::WriteZero.into()),
+                n => {
+                    self.wrote = true;
+                    bytes = &bytes[n..];
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reads what the socket has into the buffer, waiting for it. (Through `AsyncRead`, which
@@ -88,6 +107,20 @@ impl Conn {
         let mut probe = [0u8; 1];
         self.buf.is_empty()
             && matches!(self.tcp.try_read(&mut probe), Err(e) if e.kind() == ErrorKind::WouldBlock)
+    }
+
+    /// [`Conn::still_open`], asking the socket itself (one `recv` with `MSG_PEEK`): the reactor
+    /// learns of an end of file only when it next polls, and a busy runtime polls late, while an
+    /// engine that closes a kept-alive connection after its reply (llama.cpp after a stream) has
+    /// its FIN here well before the next request. A request written into such a connection could
+    /// not be sent again, so the one system call is worth it.
+    fn surely_open(&mut self) -> bool {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        self.still_open()
+            && matches!(
+                socket2::SockRef::from(&self.tcp).peek(&mut probe),
+                Err(e) if e.kind() == ErrorKind::WouldBlock
+            )
     }
 }
 
@@ -191,7 +224,7 @@ impl Endpoint {
     pub(super) fn checkout(&self) -> Option<Box<Conn>> {
         loop {
             let mut idle = self.lock().pop()?;
-            if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.still_open() {
+            if idle.since.elapsed() <= IDLE_TIMEOUT && idle.conn.surely_open() {
                 return Some(idle.conn);
             }
         }

@@ -25,7 +25,7 @@ pub(super) async fn exchange(
     let head = outgoing.head(endpoint.host_header())?;
     conn.write(head, &outgoing.body)
         .await
-        .map_err(|e| UpstreamError::io(e, false))?;
+        .map_err(|e| UpstreamError::io(e, conn.wrote, false))?;
     let head = std::future::poll_fn(|cx| poll_head(&mut conn, cx)).await?;
     let mut response = UpstreamResponse {
         status: head.status,
@@ -56,7 +56,7 @@ fn poll_head(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<wire::Head, U
         match ready!(conn.poll_read(cx)) {
             Ok(Read::Bytes) => {}
             Ok(Read::Closed) => return Poll::Ready(Err(UpstreamError::Closed { answered })),
-            Err(e) => return Poll::Ready(Err(UpstreamError::io(e, answered))),
+            Err(e) => return Poll::Ready(Err(UpstreamError::io(e, true, answered))),
         }
     }
 }
@@ -135,7 +135,7 @@ impl UpstreamResponse {
                     return Poll::Ready(Some(Err(self.fail(e))));
                 }
                 Err(e) => {
-                    let e = UpstreamError::io(e, true);
+                    let e = UpstreamError::io(e, true, true);
                     return Poll::Ready(Some(Err(self.fail(e))));
                 }
             }

@@ -1,6 +1,7 @@
 //! The upstream client against raw HTTP/1 servers on 127.0.0.1 that behave in the ways engines
 //! do: keep-alive reuse, a server that closes after each reply, one that closes a kept-alive
-//! connection without reading the next request (llama.cpp after a stream), `Connection: close`,
+//! connection without reading the next request (llama.cpp after a stream), one that reads the
+//! next request and closes without an answer (an engine that died on it), `Connection: close`,
 //! a redirect, a refused connect.
 
 use std::sync::Arc;
@@ -111,12 +112,21 @@ fn outgoing() -> Outgoing<'static> {
         query: None,
         headers: Vec::new(),
         body: Bytes::from_static(b"{\"model\":\"m\"}"),
+        idempotent: false,
     }
 }
 
 /// Sends one request and reads its body whole.
 async fn round_trip(endpoint: &Arc<Endpoint>) -> Result<(u16, Vec<u8>), UpstreamError> {
-    let mut response = send(endpoint, &outgoing()).await?;
+    exchange_whole(endpoint, &outgoing()).await
+}
+
+/// Sends `outgoing` and reads the body whole.
+async fn exchange_whole(
+    endpoint: &Arc<Endpoint>,
+    outgoing: &Outgoing<'_>,
+) -> Result<(u16, Vec<u8>), UpstreamError> {
+    let mut response = send(endpoint, outgoing).await?;
     let status = response.status().as_u16();
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await? {
@@ -240,7 +250,7 @@ async fn a_refused_connect_never_reached_the_upstream() {
     };
     let endpoint = Arc::new(Endpoint::parse(&format!("http://127.0.0.1:{port}")).unwrap());
     let e = round_trip(&endpoint).await.expect_err("nothing listens");
-    assert!(e.is_connect() && e.never_reached(), "{e}");
+    assert!(e.is_connect() && e.unsent() && e.may_reroute(false), "{e}");
 }
 
 #[test]
@@ -294,7 +304,7 @@ async fn a_malformed_response_is_an_error_that_reached_the_upstream() {
         .expect_err("conflicting lengths");
     assert!(matches!(e, UpstreamError::Malformed(_)), "{e}");
     assert!(
-        !e.never_reached(),
+        !e.unanswered() && !e.may_reroute(true),
         "the upstream took the request: no resend"
     );
     assert_eq!(s.served.load(Ordering::SeqCst), 1);
@@ -315,15 +325,42 @@ async fn a_body_cut_short_by_the_upstream_is_an_error_not_an_end() {
     };
     assert_eq!(got, b"only");
     let e = end.expect_err("4 of 10 bytes is not a whole body");
-    assert!(!e.never_reached(), "{e}");
+    assert!(!e.unanswered() && !e.may_reroute(true), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pooled_connection_closed_under_the_request_sends_it_again_on_a_fresh_one() {
+async fn a_request_an_upstream_read_and_closed_unanswered_is_not_sent_again() {
     let s = server(OK, After::CloseOnNext).await;
     let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let (status, _) = round_trip(&endpoint).await.expect("the first is answered");
+    assert_eq!(status, 200);
+    // The second goes out on the kept-alive connection; the server reads it whole and closes.
+    let e = round_trip(&endpoint)
+        .await
+        .expect_err("closed without an answer");
+    assert!(
+        matches!(e, UpstreamError::Closed { answered: false }),
+        "{e}"
+    );
+    assert!(e.unanswered() && !e.unsent(), "{e}");
+    assert!(
+        !e.may_reroute(false),
+        "it may have run: answered, not repeated"
+    );
+    assert_eq!(endpoint.stale_resends(), 0);
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "no second connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_may_run_twice_is_sent_again_after_a_close_without_an_answer() {
+    let s = server(OK, After::CloseOnNext).await;
+    let endpoint = Arc::new(Endpoint::parse(&s.address).unwrap());
+    let idempotent = Outgoing {
+        idempotent: true,
+        ..outgoing()
+    };
     for i in 0..4 {
-        let (status, _) = round_trip(&endpoint)
+        let (status, _) = exchange_whole(&endpoint, &idempotent)
             .await
             .unwrap_or_else(|e| panic!("request {i}: {e}"));
         assert_eq!(status, 200);
