@@ -41,6 +41,7 @@ fn report(upstream: &str) -> BoxReport {
             flags: Vec::new(),
             plan_check: None,
         }],
+        enforce: None,
     }
 }
 
@@ -197,7 +198,12 @@ async fn without_a_box_the_route_is_unknown() {
 
 /// The gateway's `/metrics` text, asked for with the test's key.
 async fn scrape(c: &reqwest::Client, base: &str) -> String {
-    c.get(format!("{base}/metrics"))
+    get_text(c, &format!("{base}/metrics")).await
+}
+
+/// A GET with the test's key; the body as text.
+async fn get_text(c: &reqwest::Client, url: &str) -> String {
+    c.get(url)
         .bearer_auth("sekret")
         .send()
         .await
@@ -205,4 +211,46 @@ async fn scrape(c: &reqwest::Client, base: &str) -> String {
         .text()
         .await
         .unwrap()
+}
+
+#[tokio::test]
+async fn an_enforced_box_shows_its_cgroup_oom_kills_and_restart_reasons() {
+    let hits = Arc::new(AtomicU64::new(0));
+    let up = upstream(hits).await;
+    let mut r = report(&up);
+    r.backends[0].restarts = 2;
+    r.backends[0].last_exit = Some("oom_killed".into());
+    r.enforce = Some(headroom_server::admin_box::EnforceReport {
+        cgroup: "/sys/fs/cgroup/memory/headroom-up-1-2-box".into(),
+        version: "v1".into(),
+        limit_bytes: 1 << 30,
+        usage_bytes: 700 << 20,
+        working_set_bytes: 600 << 20,
+        oom_kills: 2,
+    });
+    let provider: Arc<dyn BoxProvider> = Arc::new(Steered(Mutex::new(r)));
+    let (base, _stop) = gateway(&config(&up), Some(provider)).await;
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let text = get_text(&c, &format!("{base}/admin/box")).await;
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["enforce"]["oom_kills"], 2);
+    assert_eq!(body["enforce"]["limit_bytes"], 1u64 << 30);
+    assert_eq!(body["backends"][0]["last_exit"], "oom_killed");
+    let metrics = scrape(&c, &base).await;
+    for line in [
+        "headroom_box_oom_kills_total 2",
+        "# TYPE headroom_box_oom_kills_total counter",
+        "headroom_box_memory_limit_bytes 1073741824",
+        "headroom_box_memory_working_set_bytes 629145600",
+        "headroom_box_memory_usage_bytes 734003200",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} missing:\n{metrics}"
+        );
+    }
+    let page = get_text(&c, &format!("{base}/ui")).await;
+    assert!(page.contains("OOM kills 2"), "{page}");
+    assert!(page.contains("headroom-up-1-2-box"), "{page}");
+    assert!(page.contains("<td>oom_killed</td>"), "{page}");
 }

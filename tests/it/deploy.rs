@@ -43,6 +43,7 @@ impl headroom_server::admin_box::BoxProvider for StubBox {
                 flags: Vec::new(),
                 plan_check: None,
             }],
+            enforce: None,
         }
     }
 }
