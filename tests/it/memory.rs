@@ -380,7 +380,15 @@ async fn learned_need_follows_the_real_peak_and_survives_a_restart() {
         // The idle floor between jobs.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lane = &admin_lanes(&base).await["lanes"][0]["memory"];
+    // The last job's sample waits for the level the upstream keeps after it: known `settle`
+    // (5 s) after it ended, with no next job.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut lane = admin_lanes(&base).await["lanes"][0]["memory"].clone();
+    while lane["measured_jobs"].as_u64() < Some(pool.min_samples) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        lane = admin_lanes(&base).await["lanes"][0]["memory"].clone();
+    }
+    let lane = &lane;
     let learned = lane["learned"]["bytes_per_job"].as_u64().expect("learned");
     let real = 300 * MIB;
     eprintln!(

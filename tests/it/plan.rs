@@ -546,6 +546,7 @@ fn reserve_from_a_calibration_file_reserves_the_measured_audio_peaks() {
             headroom_gpu::BackendCalibration {
                 role: role.into(),
                 engine: "other".into(),
+                idle_bytes: None,
                 resident_bytes: peak / 2,
                 peak_bytes: peak,
                 peak_per_audio_second_bytes: None,
