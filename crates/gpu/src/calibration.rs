@@ -53,6 +53,24 @@ pub struct Calibration {
     /// What the gateway's ledger learned, by lane.
     #[serde(default)]
     pub learned: BTreeMap<String, LearnedLane>,
+    /// Whether text slows each audio backend's job, by audio backend.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contention: BTreeMap<String, ContentionFigures>,
+}
+
+/// An audio backend's warm-up job timed alone and beside one streaming generation of the text
+/// engine (started with `text_flags`), kept so a start with the same figures and flags skips it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentionFigures {
+    pub alone_seconds: f64,
+    pub with_text_seconds: f64,
+    /// The longest gap between two tokens of the generation while the job ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_step_seconds: Option<f64>,
+    /// The text engine's flags when measured.
+    pub text_flags: Vec<String>,
+    #[serde(default)]
+    pub date: String,
 }
 
 fn default_format() -> u32 {
@@ -135,6 +153,7 @@ impl Calibration {
             versions: BTreeMap::new(),
             backends: BTreeMap::new(),
             learned: BTreeMap::new(),
+            contention: BTreeMap::new(),
         }
     }
 

@@ -4,7 +4,8 @@
 //! ([`warmup`]), gives the text engine what the measured peaks leave ([`budget`]) as its own
 //! memory flags ([`flags`]), starts it and checks its start-up log, then runs `serve` in the same
 //! process with lanes derived from the same figures ([`lanes`]), restarts backends that exit and
-//! stops everything in order ([`supervisor`]). An audio backend that is itself a vLLM is planned
+//! stops everything in order ([`supervisor`]). A later start uses the figures kept from an
+//! earlier one while they still describe the backend ([`kept`]). An audio backend that is itself a vLLM is planned
 //! before it starts ([`audio_vllm`]), then measured like the others. Planning comes from `headroom-plan`, GGUF reading
 //! from `headroom-inspect`, log reading from `headroom-doctor`, memory readings from
 //! `headroom-gpu` (NVML or the host pool), the gateway from `headroom-server`.
@@ -12,8 +13,10 @@
 pub mod audio_vllm;
 pub mod boxfile;
 pub mod budget;
+pub mod contention;
 pub mod example;
 pub mod flags;
+pub mod kept;
 pub mod lanes;
 pub mod process;
 pub mod steady;
