@@ -1,9 +1,11 @@
 //! Figures kept from an earlier start (the calibration file): whether they still describe an
-//! audio backend started now, so its warm-up can be skipped. They do while the backend is the
-//! same (the packages next to its program) and starts the same way (its steady memory before any
-//! job, read now, is the kept one within a tolerance). Otherwise `up` measures again, and the new
-//! figures replace the kept ones; a start that uses them keeps them as they are. Pure: the
-//! figures and readings are handed in.
+//! audio backend started now, so its measuring warm-up can be skipped. They do while the backend
+//! is the same (the packages next to its program), starts the same way (its steady memory before
+//! any job, read now, is the kept one within a tolerance) and runs one job the same way (after one
+//! warm-up job, which also spares the first real request the backend's cold start, it peaks no
+//! higher than the kept peak and settles at the kept level between jobs, within the tolerance).
+//! Otherwise `up` measures again, and the new figures replace the kept ones; a start that uses
+//! them keeps them as they are. Pure: the figures and readings are handed in.
 
 use headroom_gpu::calibration::BackendCalibration;
 
@@ -44,13 +46,46 @@ pub fn kept_figures_apply(
             "its packages changed ({kept_version} when measured, {version_now} now)"
         ));
     }
-    let tolerance = ((kept_idle as f64 * IDLE_TOLERANCE_FRACTION) as u64).max(IDLE_TOLERANCE_BYTES);
+    let tolerance = tolerance(kept_idle);
     if idle_now.abs_diff(kept_idle) > tolerance {
         return Err(format!(
             "it holds {} before any job now, {} when measured (more than {} apart)",
             mib(idle_now),
             mib(kept_idle),
             mib(tolerance)
+        ));
+    }
+    Ok(())
+}
+
+/// How far a level may move between starts and still be the same: 10 % or 16 MiB.
+fn tolerance(level: u64) -> u64 {
+    ((level as f64 * IDLE_TOLERANCE_FRACTION) as u64).max(IDLE_TOLERANCE_BYTES)
+}
+
+/// `Ok` when one warm-up job run now agrees with `kept`: it peaked at `peak_seen`, no more than
+/// the kept peak (within the tolerance), and the backend settled at `level_after`, the kept level
+/// between jobs (within the tolerance). Else why it is measured again.
+pub fn one_job_agrees(
+    kept: &BackendCalibration,
+    level_after: u64,
+    peak_seen: u64,
+) -> Result<(), String> {
+    let (resident, peak) = (kept.resident_bytes, kept.peak_bytes);
+    if level_after.abs_diff(resident) > tolerance(resident) {
+        return Err(format!(
+            "after one job it holds {}, {} when measured (more than {} apart)",
+            mib(level_after),
+            mib(resident),
+            mib(tolerance(resident))
+        ));
+    }
+    if peak_seen > peak + tolerance(peak) {
+        return Err(format!(
+            "one job peaked at {}, above the kept peak {} by more than {}",
+            mib(peak_seen),
+            mib(peak),
+            mib(tolerance(peak))
         ));
     }
     Ok(())
@@ -86,6 +121,20 @@ mod tests {
         assert!(kept_figures_apply(&whisper(), Some(v), v, 62 * MIB).is_ok());
         // A file without versions (written by hand) does not stop it.
         assert!(kept_figures_apply(&whisper(), None, v, 78 * MIB).is_ok());
+    }
+
+    #[test]
+    fn one_job_must_settle_at_the_kept_level_and_stay_under_the_kept_peak() {
+        assert_eq!(one_job_agrees(&whisper(), 195 * MIB, 262 * MIB), Ok(()));
+        // A lower peak than the three-run warm-up saw is the same backend.
+        assert!(one_job_agrees(&whisper(), 190 * MIB, 230 * MIB).is_ok());
+        let kept_more = one_job_agrees(&whisper(), 240 * MIB, 262 * MIB).unwrap_err();
+        assert!(
+            kept_more.contains("after one job it holds 240.0 MiB"),
+            "{kept_more}"
+        );
+        let higher = one_job_agrees(&whisper(), 195 * MIB, 300 * MIB).unwrap_err();
+        assert!(higher.contains("peaked at 300.0 MiB"), "{higher}");
     }
 
     #[test]

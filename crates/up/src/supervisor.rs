@@ -26,7 +26,7 @@ use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, resolve_model}
 use crate::budget::{AudioFootprint, Budget, CoTenants, JobRoom, mib};
 use crate::contention::{self, Contention};
 use crate::flags::{self, TextFlags};
-use crate::kept::kept_figures_apply;
+use crate::kept::{kept_figures_apply, one_job_agrees};
 use crate::lanes::{LaneFigures, serve_config, text_slots};
 use crate::process::{self, Group};
 use crate::steady::{SteadyRule, judge};
@@ -846,10 +846,21 @@ async fn measure_audio(
     let t0 = now_ms();
     let (idle, _) = wait_steady(ctx, b, group).await?;
     ctx.say(&format!("up: [{}] steady at {} idle", b.name, mib(idle)));
-    // Kept figures stand for a warm-up only while they describe the backend as it starts now.
+    // Kept figures stand for a warm-up only while they describe the backend as it starts now
+    // and as it runs one job.
+    let mut fastest_job = None;
     let kept = match (&b.warmup, saved) {
-        (Some(_), Some((kept, kept_version))) => {
-            match kept_figures_apply(kept, kept_version, &versions_seen(b), idle) {
+        (Some(w), Some((kept, kept_version))) => {
+            let agrees = match kept_figures_apply(kept, kept_version, &versions_seen(b), idle) {
+                Ok(()) => one_job(ctx, b, group, w)
+                    .await?
+                    .and_then(|(took, after, peak)| {
+                        fastest_job = Some(took);
+                        one_job_agrees(kept, after, peak)
+                    }),
+                Err(why) => Err(why),
+            };
+            match agrees {
                 Ok(()) => Some(kept),
                 Err(why) => {
                     ctx.say(&format!(
@@ -879,7 +890,7 @@ async fn measure_audio(
                 peak_per_audio_second: kept.peak_per_audio_second_bytes,
                 runs: kept.warmup_runs,
                 kept: Some(kept.clone()),
-                fastest_job: None,
+                fastest_job,
             }
         }
         (Some(w), None) => {
@@ -974,6 +985,39 @@ async fn measure_audio(
         r.state = BackendState::Ready;
     });
     Ok(measured)
+}
+
+/// Runs the warm-up job once on a backend started from kept figures, then waits for steady
+/// memory: `Ok(Ok((time taken, level after, highest reading)))`, or `Ok(Err(why))` when the job
+/// failed (the full warm-up will say so again).
+async fn one_job(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    w: &crate::boxfile::Warmup,
+) -> Result<Result<(Duration, u64, u64), String>, UpError> {
+    let job = warmup::prepare(b, w)?;
+    let begin = now_ms();
+    let took = match warmup::run(&ctx.client, &job).await {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(format!("its warm-up job failed ({e})"))),
+    };
+    let (after, _) = wait_steady(ctx, b, group).await?;
+    let peak = ctx
+        .meter
+        .series(group.pid, begin)
+        .iter()
+        .map(|p| p.1)
+        .max()
+        .unwrap_or(after);
+    ctx.say(&format!(
+        "up: [{}] one warm-up job: {:.2} s, peak {}, {} after it",
+        b.name,
+        took.as_secs_f64(),
+        mib(peak),
+        mib(after)
+    ));
+    Ok(Ok((took, after, peak)))
 }
 
 /// The flags as `/admin/box` shows them: the arguments, then the environment as `KEY=VALUE`.
