@@ -201,6 +201,9 @@ impl TextStream {
             "model": model,
             "messages": [{"role": "user", "content": "Count from one to one thousand in words, one number per line."}],
             "max_tokens": max_tokens,
+            // A small model may end its answer after a few tokens: the generation must outlast
+            // the job (llama.cpp's server and vLLM both take it).
+            "ignore_eos": true,
             "stream": true,
         });
         let mut response = client

@@ -111,6 +111,11 @@ impl Meter {
             .collect()
     }
 
+    /// The highest reading of the backend rooted at `root` since `since_ms`.
+    fn highest(&self, root: u32, since_ms: u64) -> Option<u64> {
+        self.series(root, since_ms).iter().map(|p| p.1).max()
+    }
+
     fn now_bytes(&self, root: u32) -> u64 {
         let tree = self.tree(root);
         self.sampler
@@ -907,13 +912,7 @@ async fn measure_audio(
                     })?;
                 runs += 1;
                 fastest = fastest.min(took);
-                let peak = ctx
-                    .meter
-                    .series(group.pid, begin)
-                    .iter()
-                    .map(|p| p.1)
-                    .max()
-                    .unwrap_or(0);
+                let peak = ctx.meter.highest(group.pid, begin).unwrap_or(0);
                 ctx.say(&format!(
                     "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
                     b.name,
@@ -928,10 +927,7 @@ async fn measure_audio(
             let (resident, _) = wait_steady(ctx, b, group).await?;
             let peak = ctx
                 .meter
-                .series(group.pid, t0)
-                .iter()
-                .map(|p| p.1)
-                .max()
+                .highest(group.pid, t0)
                 .unwrap_or(resident)
                 .max(resident);
             let per_second = job
@@ -949,14 +945,7 @@ async fn measure_audio(
             }
         }
         (None, _) => {
-            let peak = ctx
-                .meter
-                .series(group.pid, t0)
-                .iter()
-                .map(|p| p.1)
-                .max()
-                .unwrap_or(idle)
-                .max(idle);
+            let peak = ctx.meter.highest(group.pid, t0).unwrap_or(idle).max(idle);
             Measured {
                 idle,
                 resident: idle,
@@ -1003,13 +992,7 @@ async fn one_job(
         Err(e) => return Ok(Err(format!("its warm-up job failed ({e})"))),
     };
     let (after, _) = wait_steady(ctx, b, group).await?;
-    let peak = ctx
-        .meter
-        .series(group.pid, begin)
-        .iter()
-        .map(|p| p.1)
-        .max()
-        .unwrap_or(after);
+    let peak = ctx.meter.highest(group.pid, begin).unwrap_or(after);
     ctx.say(&format!(
         "up: [{}] one warm-up job: {:.2} s, peak {}, {} after it",
         b.name,
@@ -1252,10 +1235,7 @@ async fn bring_up_text(
     };
     let peak = ctx
         .meter
-        .series(group.pid, t0)
-        .iter()
-        .map(|p| p.1)
-        .max()
+        .highest(group.pid, t0)
         .unwrap_or(resident)
         .max(resident);
     let check = checked_against_plan(ctx, t, f, &group, resident, peak);
