@@ -23,6 +23,15 @@ requests streamed to [DONE] and the tokens streamed (one content chunk = one tok
 streams them, preempted streams included), both per second; "text share" is the
 completed-requests rate as a fraction of the same round's text-alone rate, "tok share" likewise.
 
+With --compare-up, the comparison of docs/up.md instead: `headroom up` with
+examples/cpu-box.up.toml (its own engines, on free ports, from a copy of the box file) against
+`headroom serve` with examples/cpu-box.toml in front of --llama/--whisper, under the same flood
+and the same clips. Each round measures the example (audio alone, then the flood with audio),
+then starts `up` (the first round measures its box, later rounds start from its kept figures),
+measures it the same way and stops it, so neither box runs while the other is measured. The
+table gives, per box, audio success, p50/p95 (failures count at the time they took) and p95
+against each box's own idle clips, and the text requests completed.
+
 Run through bench/protection.sh, which installs and starts the backends first.
 """
 
@@ -192,7 +201,9 @@ class QueueWatch:
                 "gateway_queue_mean": avg(self.lane), "gateway_queue_max": max(self.lane, default=0)}
 
 
-def transcribe_latencies(url: str, clips: int, gap: float = 0.0) -> list:
+def transcribe_outcomes(url: str, clips: int, gap: float = 0.0) -> list:
+    """Sends `clips` transcriptions one after another: (seconds, status, short error) each; a
+    200 whose text is not the clip's counts as status 0."""
     audio = FOX.read_bytes()
     out = []
     with httpx.Client(timeout=600) as c:
@@ -202,9 +213,17 @@ def transcribe_latencies(url: str, clips: int, gap: float = 0.0) -> list:
             t = time.perf_counter()
             r = c.post(url, files={"file": ("fox.wav", audio, "audio/wav")}, data={"model": "whisper-1"})
             elapsed = time.perf_counter() - t
-            if r.status_code != 200 or "lazy dog" not in r.json().get("text", "").lower():
-                raise SystemExit(f"transcription failed: {r.status_code} {r.text[:200]}")
-            out.append(elapsed)
+            ok = r.status_code == 200 and "lazy dog" in r.json().get("text", "").lower()
+            out.append((elapsed, r.status_code if ok or r.status_code != 200 else 0, "" if ok else r.text[:200]))
+    return out
+
+
+def transcribe_latencies(url: str, clips: int, gap: float = 0.0) -> list:
+    out = []
+    for elapsed, status, error in transcribe_outcomes(url, clips, gap):
+        if status != 200:
+            raise SystemExit(f"transcription failed: {status} {error}")
+        out.append(elapsed)
     return out
 
 
@@ -286,6 +305,35 @@ def start_headroom(binary: str, text_url: str, whisper: str, mode: str = "abort"
     return proc, base
 
 
+def start_up(binary: str, workdir: pathlib.Path, recalibrate: bool):
+    """`headroom up` with a copy of examples/cpu-box.up.toml in `workdir` (paths made absolute,
+    every port a free one; the calibration file beside the copy). Returns (process, gateway base,
+    its llama.cpp URL) once every backend is ready."""
+    text = (ROOT / "examples" / "cpu-box.up.toml").read_text().replace('"../', f'"{ROOT}/')
+    port, whisper, llama = free_port(), free_port(), free_port()
+    text = re.sub(r'^listen = ".*"$', f'listen = "127.0.0.1:{port}"', text, flags=re.M)
+    text = text.replace("port = 18281", f"port = {whisper}").replace("port = 18280", f"port = {llama}")
+    box = workdir / "box.up.toml"
+    box.write_text(text)
+    args = [binary, "up", "--config", str(box), "--log-dir", str(workdir / "logs")]
+    log = open(workdir / "up.log", "a")
+    proc = subprocess.Popen(args + (["--recalibrate"] if recalibrate else []), stdout=log, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"headroom up exited {proc.returncode}; see {workdir / 'up.log'}")
+        try:
+            r = httpx.get(f"{base}/admin/box", timeout=2)
+            if r.status_code == 200 and all(b["state"] == "ready" for b in r.json()["backends"]):
+                return proc, base, f"http://127.0.0.1:{llama}"
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"headroom up was not ready in 600 s; see {workdir / 'up.log'}")
+
+
 def stop(proc) -> None:
     proc.send_signal(signal.SIGTERM)
     try:
@@ -357,6 +405,98 @@ def conditions(args) -> list:
     return out
 
 
+def audio_summary(outcomes: list) -> dict:
+    """Success and latency of one series of clips (a failure counts at the time it took)."""
+    took = [e for e, _, _ in outcomes]
+    failed = [(s, err) for _, s, err in outcomes if s != 200]
+    return {"ok": len(outcomes) - len(failed), "clips": len(outcomes), "p50": pct(took, 0.5),
+            "p95": pct(took, 0.95), "latencies": took, "failures": failed[:3]}
+
+
+def measure_box(base: str, args) -> dict:
+    """Clips alone, then clips under the flood, through one box's gateway."""
+    audio_url, text_url = f"{base}/v1/audio/transcriptions", f"{base}/v1/chat/completions"
+    idle = audio_summary(transcribe_outcomes(audio_url, args.clips))
+    with Flood(text_url, args.flood, args.max_tokens) as flood:
+        flooded = audio_summary(transcribe_outcomes(audio_url, args.clips))
+    return {"idle": idle, "flood": flooded, "text": flood.final, "text_seconds": flood.seconds,
+            "load": os.getloadavg()[0]}
+
+
+def compare_up(args) -> list:
+    """Rounds of the example box (serve + examples/cpu-box.toml in front of --llama/--whisper)
+    and `up` with examples/cpu-box.up.toml, one box at a time, in alternating order."""
+    example, example_base = start_headroom(args.headroom, args.llama, args.whisper)
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="headroom-up-bench-"))
+    rounds = []
+    print(f"up against the example: {args.rounds} rounds, {args.clips} clips alone and {args.clips} under a "
+          f"flood of {args.flood} x {args.max_tokens} tokens per box; load average {os.getloadavg()[0]:.2f} "
+          f"at the start; up's files in {workdir}", file=sys.stderr)
+    try:
+        for r in range(args.rounds):
+            row = {}
+            for box in (["example", "up"] if r % 2 == 0 else ["up", "example"]):
+                if box == "example":
+                    row[box] = measure_box(example_base, args)
+                else:
+                    proc, base, _ = start_up(args.headroom, workdir, recalibrate=r == 0)
+                    try:
+                        row[box] = measure_box(base, args)
+                    finally:
+                        stop(proc)
+                m = row[box]
+                print(f"  round {r + 1} {box}: alone p95 {m['idle']['p95']:.2f}s; flood {m['flood']['ok']}/"
+                      f"{m['flood']['clips']} ok, p50 {m['flood']['p50']:.2f}s p95 {m['flood']['p95']:.2f}s; text "
+                      f"{m['text']['served']} done, {m['text']['rejected_429']} x 429, {m['text']['http_503']} x 503 "
+                      f"(load {m['load']:.1f})", file=sys.stderr, flush=True)
+            rounds.append(row)
+    finally:
+        stop(example)
+    derived = [line.strip() for line in (workdir / "up.log").read_text().splitlines()
+               if "sequence(s)" in line or "beside [" in line]
+    report_compare(rounds, args, derived[-2:])
+    return rounds
+
+
+def report_compare(rounds: list, args, derived: list) -> None:
+    print()
+    print(f"up (examples/cpu-box.up.toml) against serve (examples/cpu-box.toml): median of {len(rounds)} rounds "
+          f"(min-max); {args.clips} clips of {FOX.name} alone and under a flood of {args.flood} streams x "
+          f"{args.max_tokens} tokens, per box and round")
+    cols = ["box", "audio ok", "alone p95 s", "flood p50 s", "flood p95 s", "p95 / alone", "text done", "429", "503"]
+    table = []
+    for box in ("example", "up"):
+        rows = [r[box] for r in rounds]
+        ok = sum(m["flood"]["ok"] for m in rows)
+        table.append([
+            "serve + cpu-box.toml" if box == "example" else "up + cpu-box.up.toml",
+            f"{ok}/{sum(m['flood']['clips'] for m in rows)}",
+            spread([m["idle"]["p95"] for m in rows], ".2f"),
+            spread([m["flood"]["p50"] for m in rows], ".2f"),
+            spread([m["flood"]["p95"] for m in rows], ".2f"),
+            spread([m["flood"]["p95"] / m["idle"]["p95"] for m in rows], ".2f"),
+            spread([m["text"]["served"] for m in rows], ".0f"),
+            spread([m["text"]["rejected_429"] for m in rows], ".0f"),
+            spread([m["text"]["http_503"] for m in rows], ".0f"),
+        ])
+    widths = [max(len(str(row[i])) for row in table + [cols]) for i in range(len(cols))]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for row in table:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    ratio = statistics.median(r["up"]["flood"]["p95"] / r["example"]["flood"]["p95"] for r in rounds)
+    ok = [sum(r[b]["flood"]["ok"] for r in rounds) for b in ("up", "example")]
+    loads = [r[b]["load"] for r in rounds for b in r]
+    print(f"target: up's audio success >= the example's ({ok[0]} vs {ok[1]}: {'PASS' if ok[0] >= ok[1] else 'FAIL'}); "
+          f"up's flood p95 <= 1.2 x the example's ({ratio:.2f} x: {'PASS' if ratio <= 1.2 else 'FAIL'}); load "
+          f"average {min(loads):.1f}-{max(loads):.1f} during the run")
+    for line in derived:
+        print(f"  {line}")
+    for box in ("example", "up"):
+        for r in rounds:
+            for status, error in r[box]["flood"]["failures"]:
+                print(f"  {box} failure: {status} {error}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llama", default=os.environ.get("HEADROOM_LLAMA_URL", "http://127.0.0.1:18080"))
@@ -375,7 +515,14 @@ def main() -> None:
                          "preempt_mode = \"pause\" is compared too")
     ap.add_argument("--vllm", default=os.environ.get("HEADROOM_VLLM_URL", "http://127.0.0.1:18082"))
     ap.add_argument("--json", help="also write every round's rows here")
+    ap.add_argument("--compare-up", action="store_true",
+                    help="compare `headroom up` with examples/cpu-box.up.toml against the example box instead")
     args = ap.parse_args()
+    if args.compare_up:
+        rounds = compare_up(args)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(rounds, indent=2))
+        return
 
     procs = []
     text_url = args.vllm if args.text_engine == "vllm" else args.llama

@@ -7,6 +7,10 @@
 # audio p50/p95 and p95 against idle, text requests completed and tokens/s against text alone.
 # Usage: bench/protection.sh [--rounds N] [--clips N] [--flood N] [--max-tokens N] [--gap S]
 #                            [--text-seconds S] [--baselines] [--text-engine llamacpp|vllm] [--json FILE]
+#                            [--compare-up]
+# --compare-up: `headroom up` with examples/cpu-box.up.toml (its own engines, free ports) against
+# `headroom serve` with examples/cpu-box.toml, one box at a time, under the same flood and clips:
+# the table of docs/up.md.
 # Ports: HEADROOM_LLAMA_PORT, HEADROOM_WHISPER_PORT (see scripts/backends.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."

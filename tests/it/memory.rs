@@ -380,7 +380,15 @@ async fn learned_need_follows_the_real_peak_and_survives_a_restart() {
         // The idle floor between jobs.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let lane = &admin_lanes(&base).await["lanes"][0]["memory"];
+    // The last job's sample waits for the level the upstream keeps after it: known `settle`
+    // (5 s) after it ended, with no next job.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut lane = admin_lanes(&base).await["lanes"][0]["memory"].clone();
+    while lane["measured_jobs"].as_u64() < Some(pool.min_samples) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        lane = admin_lanes(&base).await["lanes"][0]["memory"].clone();
+    }
+    let lane = &lane;
     let learned = lane["learned"]["bytes_per_job"].as_u64().expect("learned");
     let real = 300 * MIB;
     eprintln!(
@@ -432,6 +440,49 @@ async fn learned_need_follows_the_real_peak_and_survives_a_restart() {
     let lane = &admin_lanes(&format!("http://{}", g.addr)).await["lanes"][0]["memory"];
     assert_eq!(lane["bytes_per_job"].as_u64(), Some(saved_bytes), "{lane}");
     assert_eq!(lane["measured_jobs"].as_u64(), Some(0));
+    g.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_need_the_pool_can_never_meet_is_refused_at_once_not_after_the_queue_timeout() {
+    let _serial = SERIAL.lock().await;
+    // A job needs more than the whole pool less what the upstream already holds: no admitted
+    // job's end can make room. The lane queues for 90 s; the answer must come at once.
+    let up = AllocUpstream::start(8, 100, 0);
+    let pool = Pool::new("980MiB");
+    let g = headroom_server::spawn(pool.config(&up.url), None)
+        .await
+        .unwrap();
+    let base = format!("http://{}", g.addr);
+    wait_for_reading(&base, pool.capacity_mib * MIB).await;
+    let c = client();
+    let (ct, body) = transcription_body();
+    let started = Instant::now();
+    let r = c
+        .post(format!("{base}/v1/audio/transcriptions"))
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let status = r.status().as_u16();
+    let retry = r.headers().get("retry-after").is_some();
+    let body: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    eprintln!("{status} after {took:?}: {message}");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "host_memory", "{body}");
+    assert!(retry, "a refusal carries Retry-After");
+    assert!(
+        message.contains("would be free once every admitted job has ended")
+            && message.contains(&format!("need_bytes={}", 980 * MIB)),
+        "{message}"
+    );
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
+    let lanes = admin_lanes(&base).await;
+    assert_eq!(lanes["lanes"][0]["queue_timeouts"], 0, "{lanes}");
+    assert_eq!(lanes["lanes"][0]["queued"], 0, "{lanes}");
     g.shutdown().await.unwrap();
 }
 

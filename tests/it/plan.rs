@@ -581,6 +581,7 @@ pub(crate) fn calibration_file(path: &Path, probe: &str, backends: &[(&str, &str
             headroom_gpu::BackendCalibration {
                 role: role.to_string(),
                 engine: "other".into(),
+                idle_bytes: None,
                 resident_bytes: peak / 2,
                 peak_bytes: *peak,
                 peak_per_audio_second_bytes: None,

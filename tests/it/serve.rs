@@ -1961,12 +1961,22 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
             .body(body)
             .send()
     };
-    // 2 GiB free: 1 GiB + 5 s x 100 MiB + 512 MiB fits; 1 GiB + 6 s x 100 MiB + 512 MiB does not.
+    // 2 GiB free: 1 GiB + 5 s x 100 MiB + 512 MiB fits; 1 GiB + 6 s x 100 MiB + 512 MiB does not,
+    // and with no job running none can make room: 503 at once (only memory outside the lanes'
+    // jobs coming back could change it).
     assert_eq!(send(5.0).await.unwrap().status(), 200);
     let r = send(6.0).await.unwrap();
-    assert_eq!(r.status(), 429);
+    assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
-    assert_eq!(json_of(r).await["error"]["code"], "gpu_memory");
+    let e = json_of(r).await;
+    assert_eq!(e["error"]["code"], "gpu_memory");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 2048 MiB would be free once every admitted job has ended"),
+        "{e}"
+    );
     gpu.0.store(4 << 30, std::sync::atomic::Ordering::Relaxed);
     // Readings reach the gate from the memory feed's next tick, not from the request.
     let until = Instant::now() + Duration::from_secs(5);
@@ -1985,7 +1995,7 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 429);
+    assert_eq!(r.status(), 503);
     let e = json_of(r).await;
     assert_eq!(e["error"]["code"], "gpu_memory", "{e}");
     assert!(

@@ -114,6 +114,10 @@ struct LaneState {
     last_release: Option<Instant>,
     /// On a `preempt` lane: running slots not yet told to stop, oldest first.
     preemptible: Vec<(u64, Arc<Notify>)>,
+    /// Why the head of the queue was last held (meaningless while the queue is empty), and for
+    /// a memory hold the figures of that check.
+    held: Option<RejectReason>,
+    held_memory: Option<MemoryShortfall>,
 }
 
 struct Waiting {
@@ -346,6 +350,9 @@ pub struct LaneSnapshot {
     /// Requests the lane completes per second at full concurrency, from the moving average.
     pub service_rate_per_second: Option<f64>,
     pub yielding: bool,
+    /// While requests wait: the code of what holds the head of the queue (`host_memory`,
+    /// `device_saturated`, ...).
+    pub held_by: Option<&'static str>,
     pub upstreams: Vec<UpstreamSnapshot>,
     /// Memory admission figures, for lanes that admit on memory.
     pub memory: Option<LaneMemorySnapshot>,
@@ -366,6 +373,9 @@ pub struct LaneMemorySnapshot {
     pub bytes_per_job: u64,
     pub bytes_per_audio_second: u64,
     pub margin_bytes: u64,
+    /// While the head of the queue waits for memory: the figures of its last check (its need
+    /// beside what is free and reserved, and the ceiling).
+    pub waiting: Option<MemoryShortfall>,
 }
 
 /// One memory pool's ledger at one instant.
@@ -514,6 +524,7 @@ impl Gate {
         if let Some(ledger) = st.ledger.as_mut() {
             ledger.push_reading(reading);
         }
+        self.inner.learn_from_ledger(&mut st);
         self.inner.dispatch_locked(&mut st);
     }
 
@@ -598,7 +609,12 @@ impl Gate {
                     .check(&mut st, lane, now, &request)
                     .and(Err(RejectReason::Saturated))
             } else {
-                inner.check(&mut st, lane, now, &request)
+                let verdict = inner.check(&mut st, lane, now, &request);
+                if let Err(reason) = verdict {
+                    // Queued, it is the head: what holds it decides who yields to it.
+                    inner.note_held(&mut st, lane, reason);
+                }
+                verdict
             };
             match verdict {
                 Ok(upstream) => {
@@ -609,8 +625,9 @@ impl Gate {
                     let queue_full = st.lanes[lane].queue.len() >= spec.max_queue;
                     let reason = match spec.policy {
                         Policy::Reject => Some(reason),
-                        // Without a memory reading, waiting would only wait for the probe.
-                        _ if memory_unreadable(&st, reason) => Some(reason),
+                        // Without a memory reading, waiting would only wait for the probe; for a
+                        // need no admitted job's end can meet, it would only wait for the timeout.
+                        _ if memory_refused_now(&st, reason) => Some(reason),
                         Policy::Queue | Policy::Fallback if queue_full => {
                             Some(if reason == RejectReason::ShuttingDown {
                                 reason
@@ -667,14 +684,23 @@ impl Gate {
             }
             if timed_out || Instant::now() >= deadline {
                 guard.armed = false;
+                let now = Instant::now();
                 let ls = &mut st.lanes[lane];
                 if let Some(pos) = ls.queue.iter().position(|w| w.id == id) {
                     ls.queue.remove(pos);
                 }
                 ls.queue_timeouts += 1;
                 ls.rejected += 1;
-                let rejection =
-                    inner.rejection(&st, lane, RejectReason::QueueTimeout, Instant::now());
+                // What held the lane's head is what held this request (it was the head, or
+                // waited behind it): a memory hold is said as such, with its figures.
+                let mut rejection = match (ls.held, ls.held_memory.clone()) {
+                    (
+                        Some(reason @ (RejectReason::GpuMemory | RejectReason::HostMemory)),
+                        Some(m),
+                    ) => inner.rejection_for(&st, lane, reason, now, Some(m)),
+                    _ => inner.rejection(&st, lane, RejectReason::QueueTimeout, now),
+                };
+                rejection.queued_for = Some(now.saturating_duration_since(enqueued_at));
                 inner.dispatch_locked(&mut st);
                 return Err(rejection);
             }
@@ -716,6 +742,7 @@ impl Gate {
                         .filter(|m| *m > 0.0)
                         .map(|m| spec.max_inflight as f64 / m),
                     yielding: self.inner.higher_busy(&st, i, Instant::now()),
+                    held_by: ls.held.filter(|_| !ls.queue.is_empty()).map(|r| r.code()),
                     memory: spec.gpu.as_ref().map(|need| {
                         let learner = &st.learners[i];
                         let learned = learner.learned();
@@ -731,6 +758,15 @@ impl Gate {
                             bytes_per_audio_second: in_force
                                 .map_or(need.bytes_per_audio_second, |l| l.bytes_per_audio_second),
                             margin_bytes: need.margin_bytes,
+                            waiting: ls.held_memory.clone().filter(|_| {
+                                !ls.queue.is_empty()
+                                    && ls.held.is_some_and(|r| {
+                                        matches!(
+                                            r,
+                                            RejectReason::GpuMemory | RejectReason::HostMemory
+                                        )
+                                    })
+                            }),
                         }
                     }),
                     upstreams: spec
@@ -909,18 +945,52 @@ impl Inner {
         self.update_pause(st);
     }
 
-    /// Whether any lane `lane` yields to has work queued or in flight, or finished work less than
-    /// `lane`'s `yield_linger` ago.
+    /// Whether any lane `lane` yields to has work in flight, work queued that `lane` holding
+    /// back can help (see [`Inner::yield_helps`]), or finished work less than `lane`'s
+    /// `yield_linger` ago.
     fn higher_busy(&self, st: &State, lane: usize, now: Instant) -> bool {
         let linger = self.specs[lane].yield_linger;
         self.yield_targets[lane].iter().any(|&t| {
             let target = &st.lanes[t];
             target.inflight > 0
-                || !target.queue.is_empty()
+                || (!target.queue.is_empty() && self.yield_helps(st, lane, t))
                 || target
                     .last_release
                     .is_some_and(|ended| now.saturating_duration_since(ended) < linger)
         })
+    }
+
+    /// Whether `lane` holding back can help the head of `target`'s queue, given what holds it:
+    /// slots (its own, the device-wide cap) and the engines' load are shared with `lane`;
+    /// memory only when `lane`'s own running jobs hold reservations (they give them back when
+    /// they end); nothing `lane` does brings a yield of `target`'s own, a timeout or a shutdown
+    /// to an end. A head not checked yet counts as helped.
+    fn yield_helps(&self, st: &State, lane: usize, target: usize) -> bool {
+        match st.lanes[target].held {
+            None
+            | Some(
+                RejectReason::Saturated
+                | RejectReason::DeviceSaturated
+                | RejectReason::EngineSaturated
+                | RejectReason::QueueFull,
+            ) => true,
+            Some(RejectReason::GpuMemory | RejectReason::HostMemory) => {
+                self.specs[lane].gpu.is_some() && st.lanes[lane].inflight > 0
+            }
+            Some(
+                RejectReason::Yielding | RejectReason::QueueTimeout | RejectReason::ShuttingDown,
+            ) => false,
+        }
+    }
+
+    /// Records why the head of `lane`'s queue is held (with the memory figures of a memory hold).
+    fn note_held(&self, st: &mut State, lane: usize, reason: RejectReason) {
+        let memory = matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory)
+            .then(|| st.shortfall.clone())
+            .flatten();
+        let ls = &mut st.lanes[lane];
+        ls.held = Some(reason);
+        ls.held_memory = memory;
     }
 
     /// Decides whether a request may start on `lane` now; on success returns the upstream to use.
@@ -970,10 +1040,13 @@ impl Inner {
         }
         let priority = self.specs[lane].priority;
         let waiting_higher = self.by_priority.iter().any(|&other| {
+            let ls = &st.lanes[other];
             other != lane
                 && self.specs[other].priority > priority
-                && !st.lanes[other].queue.is_empty()
-                && st.lanes[other].inflight < self.specs[other].max_inflight
+                && !ls.queue.is_empty()
+                && ls.inflight < self.specs[other].max_inflight
+                // Only a head that waits for the cap (not for memory, say) is helped by it.
+                && matches!(ls.held, None | Some(RejectReason::DeviceSaturated))
         });
         if waiting_higher {
             return Err(RejectReason::DeviceSaturated);
@@ -1013,11 +1086,12 @@ impl Inner {
                             .expect("queue head checked above");
                         let slot = self.take_slot(st, lane, upstream, now, head.id, &request);
                         st.granted.insert(head.id, slot);
+                        st.lanes[lane].held = None;
                         head.notify.notify_one();
                     }
-                    // No memory reading and the lane is not fail-open: refuse now rather than
-                    // wait for the probe.
-                    Err(reason) if memory_unreadable(st, reason) => {
+                    // No memory reading and the lane is not fail-open, or a need no admitted
+                    // job's end can meet: refuse now rather than wait.
+                    Err(reason) if memory_refused_now(st, reason) => {
                         let head = st.lanes[lane]
                             .queue
                             .pop_front()
@@ -1026,7 +1100,10 @@ impl Inner {
                         st.refused.insert(head.id, rejection);
                         head.notify.notify_one();
                     }
-                    Err(_) => break,
+                    Err(reason) => {
+                        self.note_held(st, lane, reason);
+                        break;
+                    }
                 }
             }
         }
@@ -1042,6 +1119,19 @@ impl Inner {
     }
 
     fn rejection(&self, st: &State, lane: usize, reason: RejectReason, now: Instant) -> Rejection {
+        let memory = st.shortfall.clone();
+        self.rejection_for(st, lane, reason, now, memory)
+    }
+
+    /// A refusal; `memory` holds the figures of the memory check behind a memory refusal.
+    fn rejection_for(
+        &self,
+        st: &State,
+        lane: usize,
+        reason: RejectReason,
+        now: Instant,
+        memory: Option<MemoryShortfall>,
+    ) -> Rejection {
         let spec = &self.specs[lane];
         let mut retry_after = self.estimate_wait(st, lane);
         if reason == RejectReason::Yielding
@@ -1052,31 +1142,33 @@ impl Inner {
                 .saturating_sub(now.saturating_duration_since(since));
             retry_after = retry_after.min(left.max(Duration::from_millis(1)));
         }
-        let memory = if matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory) {
-            if let Some(wait) = self.memory_retry_after(st, now) {
-                retry_after = wait;
-            }
-            st.shortfall.clone()
-        } else {
-            None
-        };
+        let memory =
+            memory.filter(|_| matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory));
+        if let Some(wait) = memory
+            .as_ref()
+            .and_then(|m| self.memory_retry_after(st, m, now))
+        {
+            retry_after = wait;
+        }
         Rejection {
             lane: spec.name.clone(),
             reason,
             retry_after,
             fallback: spec.policy == Policy::Fallback,
             memory,
+            queued_for: None,
         }
     }
 }
 
-/// Whether `reason` is a memory refusal made because there was no usable reading.
-fn memory_unreadable(st: &State, reason: RejectReason) -> bool {
+/// Whether `reason` is a memory refusal that waiting cannot help: there was no usable reading,
+/// or the need does not fit even once every admitted job has ended.
+fn memory_refused_now(st: &State, reason: RejectReason) -> bool {
     matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory)
         && st
             .shortfall
             .as_ref()
-            .is_some_and(|s| s.free_bytes.is_none())
+            .is_some_and(|s| s.free_bytes.is_none() || s.never_fits())
 }
 
 #[cfg(test)]
@@ -1424,6 +1516,110 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_need_no_job_s_end_can_meet_is_refused_at_once_with_its_figures() {
+        let g = Gate::new(vec![memory_lane(Policy::Queue, false)], None, None).unwrap();
+        // 1400 free and nothing admitted: 1000 + 500 margin can only fit if something outside
+        // the lanes gives memory back. Refused now, not after queue_timeout.
+        free(&g, 1400, 0);
+        let start = Instant::now();
+        let r = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(r.reason, RejectReason::GpuMemory);
+        assert_eq!(r.queued_for, None);
+        let m = r.memory.unwrap();
+        assert_eq!(
+            (m.free_bytes, m.need_bytes, m.margin_bytes),
+            (Some(1400), 1000, 500)
+        );
+        assert_eq!(m.ceiling_bytes, Some(1400));
+        assert!(m.never_fits());
+        assert_eq!(counts(&g, 0), (0, 0));
+        // With a job running 700 above its upstream's floor, its end could make room: wait.
+        free(&g, 2100, 0);
+        let held = g.admit(0, AdmitRequest::default()).await.unwrap();
+        free(&g, 1400, 700);
+        let g2 = g.clone();
+        let waiter = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(counts(&g, 0), (1, 1));
+        let lane = g.snapshot().lanes[0].clone();
+        assert_eq!(lane.held_by, Some("gpu_memory"));
+        let waiting = lane.memory.unwrap().waiting.unwrap();
+        assert_eq!((waiting.free_bytes, waiting.need_bytes), (Some(1400), 1000));
+        drop(held);
+        free(&g, 2100, 0);
+        assert!(waiter.await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_held_for_memory_until_its_wait_runs_out_says_memory() {
+        let g = Gate::new(vec![memory_lane(Policy::Queue, false)], None, None).unwrap();
+        free(&g, 2000, 0);
+        let running = g.admit(0, AdmitRequest::default()).await.unwrap();
+        // The running job holds 600 above its floor; 1000 + 500 does not fit the 1400 free,
+        // but will once it ends.
+        free(&g, 1400, 600);
+        let start = Instant::now();
+        let r = g.admit(0, AdmitRequest::default()).await.unwrap_err();
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        assert_eq!(r.reason, RejectReason::GpuMemory, "not queue_timeout");
+        assert_eq!(r.queued_for, Some(Duration::from_millis(200)));
+        let m = r.memory.unwrap();
+        assert_eq!(
+            (m.free_bytes, m.need_bytes, m.ceiling_bytes),
+            (Some(1400), 1000, Some(2000))
+        );
+        assert_eq!(g.snapshot().lanes[0].queue_timeouts, 1);
+        drop(running);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn text_does_not_yield_to_audio_that_waits_for_memory() {
+        // Audio (memory lane, priority 10) and text yielding to it, under a device-wide cap.
+        let audio = LaneSpec {
+            priority: 10,
+            queue_timeout: Duration::from_secs(30),
+            ..memory_lane(Policy::Queue, false)
+        };
+        let text = LaneSpec {
+            yield_to: vec!["audio".into()],
+            max_yield: Duration::from_secs(10),
+            queue_timeout: Duration::from_secs(10),
+            ..lane("text", 2, 8, Policy::Queue)
+        };
+        let g = Gate::new(vec![audio, text], Some(3), None).unwrap();
+        free(&g, 3000, 0);
+        let a = g.admit(0, AdmitRequest::default()).await.unwrap();
+        // Audio running: text yields.
+        let g2 = g.clone();
+        let t = tokio::spawn(async move { g2.admit(1, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(counts(&g, 1), (0, 1));
+        // The running job grew 1000 above its floor; a second audio job waits for memory (its
+        // end would make room, so it is not refused). Nothing text holds can help it.
+        free(&g, 1200, 1000);
+        let g3 = g.clone();
+        let queued = tokio::spawn(async move { g3.admit(0, AdmitRequest::default()).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(counts(&g, 0), (1, 1));
+        drop(a);
+        // The first audio job has ended, the second still waits (the reading has not moved):
+        // text goes in at once (after the linger of 0), it does not wait out max_yield.
+        let t = tokio::time::timeout(Duration::from_millis(100), t).await;
+        let t = t
+            .expect("text admitted while audio waits for memory")
+            .unwrap()
+            .unwrap();
+        assert_eq!(g.snapshot().lanes[0].held_by, Some("gpu_memory"));
+        assert!(!g.snapshot().lanes[1].yielding);
+        // A second text request is not held by the device cap for the memory-bound head either.
+        let t2 = g.admit(1, AdmitRequest::default()).await.unwrap();
+        drop((t, t2));
+        free(&g, 3000, 0);
+        assert!(queued.await.unwrap().is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn queued_memory_waiters_get_in_when_a_reservation_ends() {
         let g = Gate::new(vec![memory_lane(Policy::Queue, false)], None, None).unwrap();
         free(&g, 2000, 0);
@@ -1454,7 +1650,14 @@ mod tests {
             free(&g, 48_000, 2100);
             free(&g, 49_000, 1100);
             drop(p);
+            tokio::time::advance(Duration::from_millis(10)).await;
         }
+        // The last job's sample waits for the level its upstream keeps after it: back at 100
+        // once it has been idle for `settle`.
+        free(&g, 50_000, 100);
+        assert!(g.learned(0).is_none());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        free(&g, 50_000, 100);
         let learned = g.learned(0).unwrap();
         assert_eq!((learned.bytes_per_job, learned.samples), (2000, 3));
         let lane = g.snapshot().lanes[0].memory.clone().unwrap();

@@ -206,4 +206,8 @@ pub struct Rejection {
     pub fallback: bool,
     /// For memory refusals: the free figure, the reservations outstanding and the need.
     pub memory: Option<crate::ledger::MemoryShortfall>,
+    /// How long the request waited in the queue before this refusal (`None`: refused on
+    /// arrival). A memory refusal after waiting is the queue timeout of a request held for
+    /// memory.
+    pub queued_for: Option<Duration>,
 }

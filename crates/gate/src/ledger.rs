@@ -11,6 +11,12 @@
 //! use is measured, `settle` after its covered part last grew (the job's use stopped growing
 //! short of its reservation — a job that has not started allocating never settles, however long
 //! it waits upstream); for an owner that cannot be measured, `settle` after admission.
+//!
+//! A job's learned need is what it adds above the level its upstream keeps *between* jobs: its
+//! highest reading less the higher of the idle floor before it and the lowest idle reading after
+//! it (up to the next job, or `settle` after it ended). A backend that keeps most of its first
+//! job's memory (Whisper's allocator does) would otherwise have that memory counted twice: once
+//! in the free figure, once more in the need.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -19,6 +25,8 @@ use tokio::time::Instant;
 
 /// Samples a lane's learner keeps (newest first out).
 const LEARN_WINDOW: usize = 256;
+/// Ended jobs of one upstream waiting for the level it keeps after them (oldest dropped).
+const PENDING_MAX: usize = 64;
 
 /// One reading of one memory pool, as the sampler took it.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,6 +102,20 @@ pub struct MemoryShortfall {
     /// Bytes the job needs (without the margin).
     pub need_bytes: u64,
     pub margin_bytes: u64,
+    /// The most that could be free once every admitted job on the device has ended (free plus
+    /// what running jobs hold above their upstreams' idle floors, the best of the recent
+    /// readings). `None` without a usable reading.
+    pub ceiling_bytes: Option<u64>,
+}
+
+impl MemoryShortfall {
+    /// Whether waiting cannot help: even with every admitted job ended, the need and the margin
+    /// would not fit (only memory the gate does not admit, such as an engine shrinking or a
+    /// backend restarting, could change that).
+    pub fn never_fits(&self) -> bool {
+        self.ceiling_bytes
+            .is_some_and(|c| c < self.need_bytes.saturating_add(self.margin_bytes))
+    }
 }
 
 /// A learned per-lane need.
@@ -136,6 +158,15 @@ impl Reservation {
     }
 }
 
+/// A lone job that ended: its highest reading, waiting for the level its upstream keeps after it.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    lane: usize,
+    max_seen: u64,
+    floor_before: u64,
+    audio_seconds: Option<f64>,
+}
+
 #[derive(Debug, Default)]
 struct Owner {
     name: String,
@@ -144,14 +175,52 @@ struct Owner {
     /// When a reservation of this owner last ended: a reading taken before then may still show
     /// that job's memory, so it cannot be the idle floor.
     released_at: Option<Instant>,
+    /// The lowest idle reading since a reservation of this owner last ended: the level it
+    /// keeps between jobs, so far.
+    low_since_release: Option<u64>,
+    /// Ended jobs whose sample waits for that level.
+    pending: Vec<Pending>,
+}
+
+impl Owner {
+    /// Turns the pending jobs into samples, each against the higher of its floor before and the
+    /// level kept after it (`low_since_release`, which must be known).
+    fn finish(&mut self, out: &mut Vec<PeakSample>) {
+        let Some(after) = self.low_since_release else {
+            return;
+        };
+        out.extend(self.pending.drain(..).map(|p| PeakSample {
+            lane: p.lane,
+            peak_bytes: p.max_seen.saturating_sub(p.floor_before.max(after)),
+            audio_seconds: p.audio_seconds,
+        }));
+    }
 }
 
 #[derive(Debug)]
 struct DeviceLedger {
     device: u32,
     reading: Option<MemoryReading>,
+    /// `(taken at, ceiling)` of the readings within `stale_after` of the latest: each one's
+    /// free bytes plus what running jobs then held above their upstreams' idle floors.
+    recent_ceilings: VecDeque<(Instant, u64)>,
     reservations: Vec<Reservation>,
     owners: Vec<Owner>,
+}
+
+impl DeviceLedger {
+    /// What running jobs hold above their upstreams' idle floors in the latest reading: memory
+    /// that goes back when they end.
+    fn releasable(&self) -> u64 {
+        let Some(reading) = &self.reading else {
+            return 0;
+        };
+        self.owners
+            .iter()
+            .filter(|o| self.reservations.iter().any(|r| r.owner == o.name))
+            .filter_map(|o| Some(reading.owner_use(&o.name)?.saturating_sub(o.floor?)))
+            .sum()
+    }
 }
 
 /// One job's measured peak, handed back when its reservation ends.
@@ -167,6 +236,8 @@ pub struct PeakSample {
 pub struct Ledger {
     settings: LedgerSettings,
     devices: Vec<DeviceLedger>,
+    /// Job samples ready for the lanes' learners (see [`Ledger::take_samples`]).
+    samples: Vec<PeakSample>,
 }
 
 impl Ledger {
@@ -174,7 +245,13 @@ impl Ledger {
         Ledger {
             settings,
             devices: Vec::new(),
+            samples: Vec::new(),
         }
+    }
+
+    /// The measured job peaks that became known since the last call, for the lanes' learners.
+    pub fn take_samples(&mut self) -> Vec<PeakSample> {
+        std::mem::take(&mut self.samples)
     }
 
     pub fn settings(&self) -> &LedgerSettings {
@@ -188,6 +265,7 @@ impl Ledger {
         self.devices.push(DeviceLedger {
             device,
             reading: None,
+            recent_ceilings: VecDeque::new(),
             reservations: Vec::new(),
             owners: Vec::new(),
         });
@@ -206,6 +284,8 @@ impl Ledger {
     /// ended when it was taken.
     pub fn push_reading(&mut self, reading: MemoryReading) {
         let at = reading.at;
+        let (settle, keep) = (self.settings.settle, self.settings.stale_after);
+        let mut samples = std::mem::take(&mut self.samples);
         let d = self.device_mut(reading.device);
         for (name, used) in &reading.owners {
             let shown = |r: &Reservation| &r.owner == name && r.shown_at(at);
@@ -215,14 +295,22 @@ impl Ledger {
                 None => {
                     d.owners.push(Owner {
                         name: name.clone(),
-                        floor: None,
-                        released_at: None,
+                        ..Owner::default()
                     });
                     d.owners.last_mut().expect("just pushed")
                 }
             };
             if !running && owner.released_at.is_none_or(|t| t < at) {
                 owner.floor = Some(*used);
+                owner.low_since_release =
+                    Some(owner.low_since_release.map_or(*used, |l| l.min(*used)));
+                // Idle for `settle` since the last job ended: its level is known.
+                if owner
+                    .released_at
+                    .is_some_and(|t| at.saturating_duration_since(t) >= settle)
+                {
+                    owner.finish(&mut samples);
+                }
             }
             // The owner's growth above its idle floor, shared out oldest reservation first.
             let mut growth = owner.floor.map_or(0, |f| used.saturating_sub(f));
@@ -242,7 +330,18 @@ impl Ledger {
                 r.covered = 0;
             }
         }
+        let free = reading.free_bytes;
         d.reading = Some(reading);
+        let ceiling = free.saturating_add(d.releasable());
+        d.recent_ceilings.push_back((at, ceiling));
+        while d
+            .recent_ceilings
+            .front()
+            .is_some_and(|(t, _)| at.saturating_duration_since(*t) > keep)
+        {
+            d.recent_ceilings.pop_front();
+        }
+        self.samples = samples;
     }
 
     /// Forgets the device's reading (the probe failed): admission follows `fail_open`.
@@ -301,22 +400,34 @@ impl Ledger {
         now: Instant,
     ) -> Result<(), MemoryShortfall> {
         let hidden = self.hidden_bytes(device, now);
-        let shortfall = |free| MemoryShortfall {
+        let shortfall = |free, ceiling| MemoryShortfall {
             device,
             free_bytes: free,
             reserved_bytes: hidden,
             need_bytes: need,
             margin_bytes: margin,
+            ceiling_bytes: ceiling,
         };
         let Some(reading) = self.reading(device, now) else {
-            return Err(shortfall(None));
+            return Err(shortfall(None, None));
         };
         let available = reading.free_bytes.saturating_sub(hidden);
         if available >= need.saturating_add(margin) {
             Ok(())
         } else {
-            Err(shortfall(Some(reading.free_bytes)))
+            Err(shortfall(Some(reading.free_bytes), self.ceiling(device)))
         }
+    }
+
+    /// The most that could be free on `device` once every admitted job has ended: each recent
+    /// reading's free figure plus what running jobs then held above their upstreams' idle
+    /// floors, the best of the readings within `stale_after` (one low reading is no verdict).
+    pub fn ceiling(&self, device: u32) -> Option<u64> {
+        self.device(device)?
+            .recent_ceilings
+            .iter()
+            .map(|(_, c)| *c)
+            .max()
     }
 
     /// Records an admitted job's reservation.
@@ -331,17 +442,22 @@ impl Ledger {
         audio_seconds: Option<f64>,
         now: Instant,
     ) {
+        let mut samples = std::mem::take(&mut self.samples);
         let d = self.device_mut(device);
         let mut alone = true;
         for r in d.reservations.iter_mut().filter(|r| r.owner == owner) {
             r.alone = false;
             alone = false;
         }
-        let floor = d
-            .owners
-            .iter()
-            .find(|o| o.name == owner)
-            .and_then(|o| o.floor);
+        let o = d.owners.iter_mut().find(|o| o.name == owner);
+        // The idle stretch since the owner's last job ends here: its lowest reading is the
+        // level kept after the jobs that wait for it.
+        let floor = o.and_then(|o| {
+            o.finish(&mut samples);
+            o.floor
+        });
+        self.samples = samples;
+        let d = self.device_mut(device);
         d.reservations.push(Reservation {
             id,
             lane,
@@ -361,24 +477,31 @@ impl Ledger {
         });
     }
 
-    /// Ends a reservation at `now`; returns the job's measured peak when it ran alone on its
-    /// upstream, a reading taken during it was seen, and the upstream's idle floor was known.
-    pub fn release(&mut self, device: u32, id: u64, now: Instant) -> Option<PeakSample> {
+    /// Ends a reservation at `now`. A job that ran alone on its upstream, with a reading taken
+    /// during it and the upstream's idle floor known, yields a sample once the level the
+    /// upstream keeps after it is known ([`Ledger::take_samples`]).
+    pub fn release(&mut self, device: u32, id: u64, now: Instant) {
         let d = self.device_mut(device);
-        let pos = d.reservations.iter().position(|r| r.id == id)?;
+        let Some(pos) = d.reservations.iter().position(|r| r.id == id) else {
+            return;
+        };
         let r = d.reservations.remove(pos);
-        if let Some(o) = d.owners.iter_mut().find(|o| o.name == r.owner) {
-            o.released_at = Some(now);
+        let Some(o) = d.owners.iter_mut().find(|o| o.name == r.owner) else {
+            return;
+        };
+        o.released_at = Some(now);
+        o.low_since_release = None;
+        if let (true, Some(floor_before), Some(max_seen)) = (r.alone, r.floor, r.max_seen) {
+            if o.pending.len() == PENDING_MAX {
+                o.pending.remove(0);
+            }
+            o.pending.push(Pending {
+                lane: r.lane,
+                max_seen,
+                floor_before,
+                audio_seconds: r.audio_seconds,
+            });
         }
-        if !r.alone {
-            return None;
-        }
-        let (floor, max) = (r.floor?, r.max_seen?);
-        Some(PeakSample {
-            lane: r.lane,
-            peak_bytes: max.saturating_sub(floor),
-            audio_seconds: r.audio_seconds,
-        })
     }
 
     /// When the earliest reservation on `device` is expected to end, given each lane's expected
@@ -593,21 +716,65 @@ mod tests {
     async fn a_lone_job_reports_its_peak_above_the_idle_floor() {
         let mut l = Ledger::new(LedgerSettings::default());
         let t0 = Instant::now();
+        let ms = Duration::from_millis;
         l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
         l.reserve(1, 2, 0, "up", 300 * MIB, Some(4.0), t0);
         for used in [150, 520, 480] {
-            l.push_reading(reading(1000 * MIB, used * MIB, t0));
+            l.push_reading(reading(1000 * MIB, used * MIB, t0 + ms(10)));
         }
-        let s = l.release(0, 1, t0).unwrap();
-        assert_eq!((s.lane, s.peak_bytes), (2, 420 * MIB));
-        assert_eq!(s.audio_seconds, Some(4.0));
+        l.release(0, 1, t0 + ms(20));
+        // Not known until the level the upstream keeps after the job is.
+        assert!(l.take_samples().is_empty());
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0 + ms(30)));
+        assert!(l.take_samples().is_empty(), "the idle stretch goes on");
+        // The next job ends the idle stretch: back to 100 MiB, so the job added 420 MiB.
+        l.reserve(2, 0, 0, "up", 300 * MIB, None, t0 + ms(40));
+        let s = l.take_samples();
+        assert_eq!(s.len(), 1, "{s:?}");
+        assert_eq!((s[0].lane, s[0].peak_bytes), (2, 420 * MIB));
+        assert_eq!(s[0].audio_seconds, Some(4.0));
         // Overlapping jobs on one upstream cannot be told apart: no sample.
+        l.reserve(3, 0, 0, "up", 300 * MIB, None, t0 + ms(40));
+        l.push_reading(reading(1000 * MIB, 700 * MIB, t0 + ms(50)));
+        l.release(0, 2, t0 + ms(60));
+        l.release(0, 3, t0 + ms(60));
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0 + ms(70)));
+        l.reserve(4, 0, 0, "up", 300 * MIB, None, t0 + ms(80));
+        assert!(l.take_samples().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_a_job_leaves_behind_is_not_part_of_its_need() {
+        // A backend at 100 MiB before its first job peaks at 520 MiB and keeps 400 MiB after it
+        // (its allocator keeps the buffers): the job adds 120 MiB above the level kept between
+        // jobs, not 420 MiB. The second job, from 400 MiB, peaks at 515 MiB.
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
         l.push_reading(reading(1000 * MIB, 100 * MIB, t0));
-        l.reserve(2, 0, 0, "up", 300 * MIB, None, t0);
-        l.reserve(3, 0, 0, "up", 300 * MIB, None, t0);
-        l.push_reading(reading(1000 * MIB, 700 * MIB, t0));
-        assert!(l.release(0, 2, t0).is_none());
-        assert!(l.release(0, 3, t0).is_none());
+        l.reserve(1, 0, 0, "up", 300 * MIB, None, t0);
+        l.push_reading(reading(600 * MIB, 520 * MIB, t0 + ms(10)));
+        l.release(0, 1, t0 + ms(20));
+        // It gives back a little later than it answers: the lowest idle reading counts.
+        l.push_reading(reading(580 * MIB, 450 * MIB, t0 + ms(30)));
+        l.push_reading(reading(600 * MIB, 400 * MIB, t0 + ms(40)));
+        l.reserve(2, 0, 0, "up", 300 * MIB, None, t0 + ms(50));
+        l.push_reading(reading(600 * MIB, 515 * MIB, t0 + ms(60)));
+        l.release(0, 2, t0 + ms(70));
+        let first = l.take_samples();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].peak_bytes, 120 * MIB);
+        // With no next job, the level is known `settle` after the job ended.
+        l.push_reading(reading(600 * MIB, 400 * MIB, t0 + ms(80)));
+        assert!(l.take_samples().is_empty());
+        l.push_reading(reading(
+            600 * MIB,
+            400 * MIB,
+            t0 + ms(70) + Duration::from_secs(5),
+        ));
+        let second = l.take_samples();
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].peak_bytes, 115 * MIB);
     }
 
     #[tokio::test(start_paused = true)]
@@ -629,12 +796,43 @@ mod tests {
         l.push_reading(reading(400 * MIB, 700 * MIB, t0 + ms(99)));
         assert_eq!(l.hidden_bytes(0, t0 + ms(110)), 300 * MIB);
         l.push_reading(reading(700 * MIB, 400 * MIB, t0 + ms(150)));
-        let s = l.release(0, 3, t0 + ms(200)).unwrap();
-        assert_eq!(s.peak_bytes, 300 * MIB);
+        l.release(0, 3, t0 + ms(200));
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0 + ms(210)));
         // A job with no reading taken during it gives no sample.
         l.reserve(4, 0, 0, "up", 300 * MIB, None, t0 + ms(300));
+        let s = l.take_samples();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].peak_bytes, 300 * MIB);
         l.push_reading(reading(700 * MIB, 400 * MIB, t0 + ms(250)));
-        assert!(l.release(0, 4, t0 + ms(320)).is_none());
+        l.release(0, 4, t0 + ms(320));
+        l.push_reading(reading(1000 * MIB, 100 * MIB, t0 + ms(330)));
+        l.reserve(5, 0, 0, "up", 300 * MIB, None, t0 + ms(340));
+        assert!(l.take_samples().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_ceiling_is_the_best_recent_free_plus_what_running_jobs_hold() {
+        let mut l = Ledger::new(LedgerSettings::default());
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        l.push_reading(reading(300 * MIB, 100 * MIB, t0));
+        // Nothing running: 300 MiB is all there will be; a need of 250 + 100 margin never fits.
+        let short = l.check(0, 250 * MIB, 100 * MIB, t0).unwrap_err();
+        assert_eq!(short.ceiling_bytes, Some(300 * MIB));
+        assert!(short.never_fits());
+        // A dip below the best reading of the last `stale_after` is no verdict.
+        l.push_reading(reading(200 * MIB, 100 * MIB, t0 + ms(100)));
+        assert_eq!(l.ceiling(0), Some(300 * MIB));
+        // A running job 150 MiB above its upstream's floor gives that back when it ends: long
+        // after the readings before it have left the window, the ceiling still counts it.
+        l.reserve(1, 0, 0, "up", 200 * MIB, None, t0 + ms(100));
+        l.push_reading(reading(150 * MIB, 250 * MIB, t0 + ms(1500)));
+        assert_eq!(l.ceiling(0), Some(300 * MIB));
+        let wait = l.check(0, 150 * MIB, 100 * MIB, t0 + ms(1500)).unwrap_err();
+        assert!(!wait.never_fits(), "{wait:?}");
+        l.release(0, 1, t0 + ms(1600));
+        l.push_reading(reading(290 * MIB, 110 * MIB, t0 + ms(2700)));
+        assert_eq!(l.ceiling(0), Some(290 * MIB));
     }
 
     #[test]

@@ -8,11 +8,17 @@
 //! ```text
 //! {"format":1,"date":"2026-12-01T09:00:00Z","probe":"host","capacity_bytes":8589934592,
 //!  "versions":{"whisper":"faster-whisper-server 0.0.3"},
-//!  "backends":{"whisper":{"role":"audio","engine":"whisper","resident_bytes":312000000,
-//!    "peak_bytes":356000000,"peak_per_audio_second_bytes":1200000.0,"warmup_runs":3,
-//!    "date":"2026-12-01T09:00:00Z"}},
-//!  "learned":{"stt":{"bytes_per_job":44000000,"bytes_per_audio_second":1200000.0,"samples":12}}}
+//!  "backends":{"whisper":{"role":"audio","engine":"whisper","idle_bytes":81000000,
+//!    "resident_bytes":312000000,"peak_bytes":356000000,"peak_per_audio_second_bytes":1200000.0,
+//!    "warmup_runs":3,"date":"2026-12-01T09:00:00Z"}},
+//!  "learned":{"stt":{"bytes_per_job":44000000,"bytes_per_audio_second":1200000.0,"samples":12,
+//!    "between_jobs":true}}}
 //! ```
+//!
+//! An audio backend's figures are kept from its warm-up: `idle_bytes` before its first job,
+//! `resident_bytes` the level it keeps between jobs, `peak_bytes` the highest. A job's need is
+//! `peak − resident` however the figures were obtained; a start that skips the warm-up keeps
+//! them as they are (it has nothing measured the same way to replace them with).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -47,6 +53,24 @@ pub struct Calibration {
     /// What the gateway's ledger learned, by lane.
     #[serde(default)]
     pub learned: BTreeMap<String, LearnedLane>,
+    /// Whether text slows each audio backend's job, by audio backend.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contention: BTreeMap<String, ContentionFigures>,
+}
+
+/// An audio backend's warm-up job timed alone and beside one streaming generation of the text
+/// engine (started with `text_flags`), kept so a start with the same figures and flags skips it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContentionFigures {
+    pub alone_seconds: f64,
+    pub with_text_seconds: f64,
+    /// The longest gap between two tokens of the generation while the job ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_step_seconds: Option<f64>,
+    /// The text engine's flags when measured.
+    pub text_flags: Vec<String>,
+    #[serde(default)]
+    pub date: String,
 }
 
 fn default_format() -> u32 {
@@ -60,7 +84,11 @@ pub struct BackendCalibration {
     pub role: String,
     /// `vllm`, `llamacpp`, `whisper` or `other`.
     pub engine: String,
-    /// Steady idle memory after the warm-up.
+    /// Steady memory after start-up, before the first job (audio backends measured by a
+    /// warm-up; absent in files of older versions, whose figures are measured again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_bytes: Option<u64>,
+    /// Steady memory after the warm-up: the level the backend keeps between jobs.
     pub resident_bytes: u64,
     /// The highest memory seen during the warm-up.
     pub peak_bytes: u64,
@@ -85,6 +113,11 @@ pub struct LearnedLane {
     pub bytes_per_audio_second: Option<f64>,
     /// How many jobs the figures come from.
     pub samples: u64,
+    /// Measured above the level the backend keeps between jobs (false in files of older
+    /// versions, which measured above the level before each job, counting what a backend keeps
+    /// after its first job twice: such figures are not read back).
+    #[serde(default)]
+    pub between_jobs: bool,
 }
 
 /// Why a calibration file could not be read or written.
@@ -120,6 +153,7 @@ impl Calibration {
             versions: BTreeMap::new(),
             backends: BTreeMap::new(),
             learned: BTreeMap::new(),
+            contention: BTreeMap::new(),
         }
     }
 
@@ -249,6 +283,7 @@ mod tests {
             BackendCalibration {
                 role: "audio".into(),
                 engine: "whisper".into(),
+                idle_bytes: Some(80 << 20),
                 resident_bytes: 300 << 20,
                 peak_bytes: 360 << 20,
                 peak_per_audio_second_bytes: Some(1.5e6),
@@ -261,6 +296,7 @@ mod tests {
             BackendCalibration {
                 role: "audio".into(),
                 engine: "other".into(),
+                idle_bytes: None,
                 resident_bytes: 100 << 20,
                 peak_bytes: 140 << 20,
                 peak_per_audio_second_bytes: None,
@@ -273,6 +309,7 @@ mod tests {
             BackendCalibration {
                 role: "text".into(),
                 engine: "llamacpp".into(),
+                idle_bytes: None,
                 resident_bytes: 900 << 20,
                 peak_bytes: 950 << 20,
                 peak_per_audio_second_bytes: None,
@@ -286,6 +323,7 @@ mod tests {
                 bytes_per_job: 40 << 20,
                 bytes_per_audio_second: Some(1.2e6),
                 samples: 12,
+                between_jobs: true,
             },
         );
         c

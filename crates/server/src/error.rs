@@ -84,16 +84,26 @@ impl ApiError {
         format!("data: {}\n\n", self.body())
     }
 
-    /// A gate refusal: 429 for a full queue or saturation, 503 when the queue wait ran out or
-    /// the gateway is shutting down. Both carry Retry-After.
+    /// A gate refusal: 429 for a full queue or saturation, 503 when the queue wait ran out, the
+    /// gateway is shutting down, or a memory need cannot be met by waiting (no admitted job's
+    /// end would make room). All carry Retry-After. A request held for memory until its queue
+    /// wait ran out says so, with the memory code and figures.
     pub fn from_rejection(r: &Rejection) -> ApiError {
+        let never = r.memory.as_ref().is_some_and(|m| m.never_fits());
         let status = match r.reason {
             RejectReason::QueueTimeout | RejectReason::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            _ if r.queued_for.is_some() || never => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::TOO_MANY_REQUESTS,
         };
         let mut message = format!("lane `{}`: {}", r.lane, r.reason.describe());
+        if let (Some(waited), Some(_)) = (r.queued_for, &r.memory) {
+            message.push_str(&format!(
+                "; it waited {:.1} s in the queue for memory",
+                waited.as_secs_f64()
+            ));
+        }
         if let Some(m) = &r.memory {
             message.push_str(&memory_figures(m));
         }
@@ -163,18 +173,30 @@ fn memory_figures(m: &headroom_gate::MemoryShortfall) -> String {
             " (device {}: no current memory reading, the probe failed or is late; need_bytes={} margin_bytes={})",
             m.device, m.need_bytes, m.margin_bytes
         ),
-        Some(free) => format!(
-            " (device {}: {:.0} MiB free, {:.0} MiB reserved by admitted jobs not yet in the reading, this job needs {:.0} MiB + {:.0} MiB margin; free_bytes={} reserved_bytes={} need_bytes={} margin_bytes={})",
-            m.device,
-            mib(free),
-            mib(m.reserved_bytes),
-            mib(m.need_bytes),
-            mib(m.margin_bytes),
-            free,
-            m.reserved_bytes,
-            m.need_bytes,
-            m.margin_bytes
-        ),
+        Some(free) => {
+            let never = match m.ceiling_bytes.filter(|_| m.never_fits()) {
+                Some(c) => format!(
+                    ", and at most {:.0} MiB would be free once every admitted job has ended: it cannot be admitted until memory outside the lanes' jobs is given back",
+                    mib(c)
+                ),
+                None => String::new(),
+            };
+            format!(
+                " (device {}: {:.0} MiB free, {:.0} MiB reserved by admitted jobs not yet in the reading, this job needs {:.0} MiB + {:.0} MiB margin{never}; free_bytes={} reserved_bytes={} need_bytes={} margin_bytes={}{})",
+                m.device,
+                mib(free),
+                mib(m.reserved_bytes),
+                mib(m.need_bytes),
+                mib(m.margin_bytes),
+                free,
+                m.reserved_bytes,
+                m.need_bytes,
+                m.margin_bytes,
+                m.ceiling_bytes
+                    .map(|c| format!(" ceiling_bytes={c}"))
+                    .unwrap_or_default()
+            )
+        }
     }
 }
 
@@ -334,6 +356,7 @@ mod tests {
             retry_after: Duration::from_millis(2500),
             fallback: false,
             memory: None,
+            queued_for: None,
         }
     }
 
@@ -362,6 +385,52 @@ mod tests {
             .with_overload_status(StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.body()["error"]["type"], "server_error");
         assert_eq!(e.body()["error"]["code"], "lane_saturated");
+    }
+
+    #[test]
+    fn memory_refusals_say_memory_whether_at_once_after_waiting_or_never() {
+        let mib = 1024 * 1024;
+        let shortfall = |free: u64, ceiling: u64| headroom_gate::MemoryShortfall {
+            device: 0,
+            free_bytes: Some(free * mib),
+            reserved_bytes: 0,
+            need_bytes: 182 * mib,
+            margin_bytes: 128 * mib,
+            ceiling_bytes: Some(ceiling * mib),
+        };
+        let memory = |free, ceiling, queued_for| Rejection {
+            memory: Some(shortfall(free, ceiling)),
+            queued_for,
+            ..refusal(RejectReason::HostMemory)
+        };
+        // Does not fit now, would once a running job ends, the lane does not queue: 429.
+        let now = ApiError::from_rejection(&memory(222, 400, None));
+        assert_eq!(now.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(now.code, "host_memory");
+        // Held for memory until its queue wait ran out: 503, still the memory code and figures.
+        let waited = ApiError::from_rejection(&memory(222, 400, Some(Duration::from_secs(30))));
+        assert_eq!(waited.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(waited.code, "host_memory");
+        assert!(
+            waited
+                .message
+                .contains("waited 30.0 s in the queue for memory")
+                && waited.message.contains("need_bytes=190840832")
+                && !waited.message.contains("waited in the queue too long"),
+            "{}",
+            waited.message
+        );
+        // No admitted job's end can make room: 503 at once, saying so.
+        let never = ApiError::from_rejection(&memory(222, 222, None));
+        assert_eq!(never.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            never
+                .message
+                .contains("at most 222 MiB would be free once every admitted job has ended"),
+            "{}",
+            never.message
+        );
+        assert!(!never.lane_full, "a balancer must not retry it as overload");
     }
 
     #[test]

@@ -326,6 +326,7 @@ pub fn save_learned(
                 bytes_per_audio_second: (l.bytes_per_audio_second > 0)
                     .then_some(l.bytes_per_audio_second as f64),
                 samples: l.samples,
+                between_jobs: true,
             },
         );
     }
@@ -333,6 +334,9 @@ pub fn save_learned(
 }
 
 /// Reads learned needs back for the lanes named in the calibration file (none if it is absent).
+/// Needs an older version learned above the level before each job (not the level the backend
+/// keeps between jobs) are left out, with a line saying so: they count what a backend keeps
+/// after its first job twice.
 pub fn load_learned(path: &Path) -> Result<Vec<(String, LearnedNeed)>, CalibrationError> {
     let Some(calibration) = Calibration::load_if_present(path)? else {
         return Ok(Vec::new());
@@ -340,6 +344,15 @@ pub fn load_learned(path: &Path) -> Result<Vec<(String, LearnedNeed)>, Calibrati
     Ok(calibration
         .learned
         .into_iter()
+        .filter(|(lane, l)| {
+            if !l.between_jobs {
+                eprintln!(
+                    "headroom serve: lane `{lane}`: the learned need in {} was measured by an older version (above the level before each job); it is learned again",
+                    path.display()
+                );
+            }
+            l.between_jobs
+        })
         .map(|(lane, l)| {
             (
                 lane,

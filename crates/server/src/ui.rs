@@ -808,6 +808,7 @@ mod tests {
             mean_service_seconds: None,
             service_rate_per_second: None,
             yielding: false,
+            held_by: None,
             upstreams: Vec::new(),
             memory: None,
         }

@@ -3,7 +3,10 @@
 //! with a full text engine. Co-tenants (memory in the pool that is none of the box's backends:
 //! another process on the GPU, a watched process on the host) are charged at the most they were
 //! seen holding during the whole measurement, so one that grows between warm-up rounds is
-//! charged at its grown size. Pure arithmetic over values handed in.
+//! charged at its grown size. Once the text engine runs, [`JobRoom`] says whether an audio
+//! lane can ever admit a job: what the pool can have free for it with every backend at the level
+//! it keeps between jobs and the text engine at the most it will hold. Pure arithmetic over
+//! values handed in.
 
 use headroom_gpu::Sample;
 use serde::Serialize;
@@ -53,6 +56,52 @@ impl Budget {
             mib(self.cotenant_bytes),
             mib(self.margin_bytes),
             mib(self.text_bytes)
+        )
+    }
+}
+
+/// The most the pool can have free for one audio job once the box is up: capacity − every audio
+/// backend at the level it keeps between jobs − the text engine at the most it will hold (its
+/// plan, or what it holds now if more: an engine's pages fill as its cache is used) −
+/// co-tenants. An audio lane whose need and margin exceed it could never admit a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobRoom {
+    pub capacity_bytes: u64,
+    pub audio_kept_bytes: u64,
+    pub text_bytes: u64,
+    pub cotenant_bytes: u64,
+    pub room_bytes: u64,
+}
+
+impl JobRoom {
+    pub fn new(capacity: u64, audio: &[AudioFootprint], text: u64, cotenant: u64) -> JobRoom {
+        let audio_kept_bytes: u64 = audio.iter().map(|a| a.resident_bytes).sum();
+        JobRoom {
+            capacity_bytes: capacity,
+            audio_kept_bytes,
+            text_bytes: text,
+            cotenant_bytes: cotenant,
+            room_bytes: capacity
+                .saturating_sub(audio_kept_bytes)
+                .saturating_sub(text)
+                .saturating_sub(cotenant),
+        }
+    }
+
+    /// Whether a job needing `need` (plus `margin` kept free) can ever be admitted.
+    pub fn admits(&self, need: u64, margin: u64) -> bool {
+        need.saturating_add(margin) <= self.room_bytes
+    }
+
+    /// One line: the terms and the room.
+    pub fn describe(&self) -> String {
+        format!(
+            "capacity {} − audio between jobs {} − text engine {} − co-tenants {} = {}",
+            mib(self.capacity_bytes),
+            mib(self.audio_kept_bytes),
+            mib(self.text_bytes),
+            mib(self.cotenant_bytes),
+            mib(self.room_bytes)
         )
     }
 }
@@ -195,6 +244,26 @@ mod tests {
         // Our own use above the pool's (a reading race) never counts negative.
         co.observe(GIB, 2 * GIB);
         assert_eq!(co.max_bytes(), 3 * GIB);
+    }
+
+    #[test]
+    fn an_audio_job_finds_room_when_the_text_engine_stays_inside_its_budget() {
+        // Whisper: 193 MiB between jobs, 269 MiB at the peak; 1 GiB pool, 128 MiB margin.
+        let stt = [audio("stt", 193 * MIB, 269 * MIB)];
+        let budget = Budget::new(GIB, &stt, 0, 128 * MIB);
+        assert_eq!(budget.text_bytes, 627 * MIB);
+        // The text engine at its whole budget: the job (76 MiB) and the margin still fit.
+        let room = JobRoom::new(GIB, &stt, budget.text_bytes, 0);
+        assert_eq!(room.room_bytes, 204 * MIB);
+        assert!(room.admits(76 * MIB, 128 * MIB));
+        assert!(!room.admits(77 * MIB, 128 * MIB));
+        // An engine that holds 20 MiB more than its budget leaves the lane no room, ever.
+        let over = JobRoom::new(GIB, &stt, budget.text_bytes + 20 * MIB, 0);
+        assert!(!over.admits(76 * MIB, 128 * MIB));
+        assert_eq!(
+            over.describe(),
+            "capacity 1024.0 MiB − audio between jobs 193.0 MiB − text engine 647.0 MiB − co-tenants 0.0 MiB = 184.0 MiB"
+        );
     }
 
     #[test]

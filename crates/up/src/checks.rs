@@ -24,12 +24,7 @@ fn check_serve(config: &BoxConfig) -> Result<(), UpError> {
     let figures: Vec<LaneFigures> = config
         .backends
         .iter()
-        .map(|b| LaneFigures {
-            backend: b.name.clone(),
-            per_job_bytes: if b.role == Role::Audio { 1 << 20 } else { 0 },
-            per_audio_second_bytes: None,
-            max_inflight: 1,
-        })
+        .map(|b| LaneFigures::new(&b.name, if b.role == Role::Audio { 1 << 20 } else { 0 }, 1))
         .collect();
     serve_config(config, &figures).map(|_| ())
 }

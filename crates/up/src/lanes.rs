@@ -1,8 +1,13 @@
 //! The gateway's lanes, derived from the box and its measured figures: one lane per backend,
 //! named after it. Audio lanes admit a job only while the pool has the backend's measured
 //! per-job memory free (its peak − resident, plus per audio-second where measured); the text
-//! lane runs as many requests at once as the engine has sequences. `[serve.lanes.NAME]` keys
-//! override what is derived. The result is `serve`'s own configuration, validated by `serve`.
+//! lane runs as many requests at once as the engine has sequences, which [`text_slots`] keeps
+//! below the device-wide cap less the audio lanes' slots, and gives way to the audio lanes whose
+//! jobs were measured to slow beside a generation (`yield_to`, `preempt` of every running request,
+//! `preempt_settle`; [`crate::contention`]). `[serve.lanes.NAME]` keys override what is derived.
+//! The result is `serve`'s own configuration, validated by `serve`.
+
+use std::time::Duration;
 
 use headroom_server::ServeConfig;
 
@@ -19,6 +24,38 @@ pub struct LaneFigures {
     pub per_audio_second_bytes: Option<u64>,
     /// Requests at once (text: the engine's sequences; audio: 1).
     pub max_inflight: u64,
+    /// Text: the audio lanes it gives way to (their jobs slow beside a generation: it yields to
+    /// them and stops every running request when one of their jobs is admitted).
+    pub gives_way_to: Vec<String>,
+    /// Text: how long an admitted audio job waits for stopped generations to leave the engine.
+    pub preempt_settle: Option<Duration>,
+}
+
+impl LaneFigures {
+    /// An audio lane's figures, or a text lane that gives way to nothing.
+    pub fn new(backend: &str, per_job_bytes: u64, max_inflight: u64) -> LaneFigures {
+        LaneFigures {
+            backend: backend.to_string(),
+            per_job_bytes,
+            per_audio_second_bytes: None,
+            max_inflight,
+            gives_way_to: Vec::new(),
+            preempt_settle: None,
+        }
+    }
+}
+
+/// The text engine's sequences: at most `max_parallel`, and, under a device-wide cap
+/// (`[serve] max_inflight_total`), at most what the cap leaves beside the audio lanes' own
+/// slots (at least one). A text lane that could fill the cap would keep an arriving audio job
+/// waiting until a generation ends; sequences the gateway never sends are memory better spent
+/// on context.
+pub fn text_slots(max_parallel: u64, max_inflight_total: Option<u64>, audio_slots: u64) -> u64 {
+    match max_inflight_total {
+        Some(total) => max_parallel.min(total.saturating_sub(audio_slots).max(1)),
+        None => max_parallel,
+    }
+    .max(1)
 }
 
 fn audio_paths(b: &BackendConfig) -> Vec<String> {
@@ -98,6 +135,19 @@ fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
             } {
                 t.insert("engine".into(), s(engine));
             }
+            if !f.gives_way_to.is_empty() {
+                let to = f.gives_way_to.iter().map(|n| s(n)).collect();
+                t.insert("yield_to".into(), toml::Value::Array(to));
+                t.insert("preempt".into(), toml::Value::Boolean(true));
+                t.insert("preempt_per_job".into(), s("all"));
+                // The settle waits on the engine's metrics, which only a known engine has.
+                if let (Some(settle), true) = (f.preempt_settle, t.contains_key("engine")) {
+                    t.insert(
+                        "preempt_settle".into(),
+                        s(&format!("{}ms", settle.as_millis())),
+                    );
+                }
+            }
         }
     }
     t
@@ -125,6 +175,13 @@ pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
         if let Some(overrides) = config.serve.lanes.get(&b.name) {
             for (k, v) in overrides {
                 t.insert(k.clone(), v.clone());
+            }
+            // A box that turns stopping off (or pauses instead) drops the derived settle, which
+            // only stopping uses.
+            let stops = t.get("preempt").and_then(toml::Value::as_bool) == Some(true)
+                && t.get("preempt_mode").and_then(toml::Value::as_str) != Some("pause");
+            if !stops && !overrides.contains_key("preempt_settle") {
+                t.remove("preempt_settle");
             }
         }
         lanes.push(toml::Value::Table(t));
@@ -176,17 +233,10 @@ max_output_tokens = 128
         let b = BoxConfig::parse(BOX, Path::new("/")).unwrap();
         let figures = [
             LaneFigures {
-                backend: "stt".into(),
-                per_job_bytes: 40 << 20,
                 per_audio_second_bytes: Some(1_000_000),
-                max_inflight: 1,
+                ..LaneFigures::new("stt", 40 << 20, 1)
             },
-            LaneFigures {
-                backend: "llm".into(),
-                per_job_bytes: 0,
-                per_audio_second_bytes: None,
-                max_inflight: 3,
-            },
+            LaneFigures::new("llm", 0, 3),
         ];
         let c = serve_config(&b, &figures).unwrap();
         assert_eq!(c.listen.port(), 20000);
@@ -204,18 +254,58 @@ max_output_tokens = 128
     }
 
     #[test]
+    fn text_that_slows_audio_gives_way_to_it_and_the_box_file_still_has_the_last_word() {
+        let b =
+            BoxConfig::parse(&BOX.replace("yield_to = [\"stt\"]\n", ""), Path::new("/")).unwrap();
+        let figures = [
+            LaneFigures::new("stt", 40 << 20, 1),
+            LaneFigures {
+                gives_way_to: vec!["stt".into()],
+                preempt_settle: Some(Duration::from_millis(800)),
+                ..LaneFigures::new("llm", 0, 2)
+            },
+        ];
+        let c = serve_config(&b, &figures).unwrap();
+        let llm = &c.lanes[1].spec;
+        assert_eq!(llm.yield_to, vec!["stt"]);
+        assert!(llm.preempt);
+        assert_eq!(llm.preempt_per_job, usize::MAX, "every running request");
+        assert_eq!(c.lanes[1].preempt_settle, Duration::from_millis(800));
+        // `[serve.lanes.llm] preempt = false` turns it off (and what only stopping uses goes).
+        let off = BoxConfig::parse(
+            &BOX.replace("max_output_tokens = 128", "preempt = false"),
+            Path::new("/"),
+        )
+        .unwrap();
+        let c = serve_config(&off, &figures).unwrap();
+        assert!(!c.lanes[1].spec.preempt);
+        // Text that does not slow audio runs on beside it.
+        let c = serve_config(
+            &b,
+            &[LaneFigures::new("stt", 1, 1), LaneFigures::new("llm", 0, 2)],
+        )
+        .unwrap();
+        assert!(c.lanes[1].spec.yield_to.is_empty() && !c.lanes[1].spec.preempt);
+    }
+
+    #[test]
+    fn text_never_fills_the_device_cap_an_audio_job_needs() {
+        // The CPU box: 3 in flight on the device, whisper takes 1: text gets 2 of its 4.
+        assert_eq!(text_slots(4, Some(3), 1), 2);
+        assert_eq!(text_slots(1, Some(3), 1), 1);
+        assert_eq!(text_slots(4, None, 1), 4);
+        // A cap no larger than the audio slots still leaves text one.
+        assert_eq!(text_slots(4, Some(1), 1), 1);
+    }
+
+    #[test]
     fn a_bad_override_is_reported_by_serve_s_own_validation() {
         let b = BoxConfig::parse(
             &BOX.replace("max_output_tokens = 128", "policy = \"sometimes\""),
             Path::new("/"),
         )
         .unwrap();
-        let figures = [LaneFigures {
-            backend: "llm".into(),
-            per_job_bytes: 0,
-            per_audio_second_bytes: None,
-            max_inflight: 1,
-        }];
+        let figures = [LaneFigures::new("llm", 0, 1)];
         let e = serve_config(&b, &figures).unwrap_err().to_string();
         assert!(e.contains("sometimes"), "{e}");
     }

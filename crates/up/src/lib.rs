@@ -5,7 +5,8 @@
 //! memory flags ([`flags`]), starts it and checks its start-up log, then runs `serve` in the same
 //! process with lanes derived from the same figures ([`lanes`]), restarts backends that exit and
 //! stops everything in order ([`supervisor`]); with `[memory] enforce` every backend runs in one
-//! memory cgroup limited to the capacity ([`cgroup`]). An audio backend that is itself a vLLM is planned
+//! memory cgroup limited to the capacity ([`cgroup`]). A later start uses the figures kept from an
+//! earlier one while they still describe the backend ([`kept`]). An audio backend that is itself a vLLM is planned
 //! before it starts ([`audio_vllm`]), then measured like the others. Planning comes from `headroom-plan`, GGUF reading
 //! from `headroom-inspect`, log reading from `headroom-doctor`, memory readings from
 //! `headroom-gpu` (NVML or the host pool), the gateway from `headroom-server`.
@@ -15,8 +16,10 @@ pub mod boxfile;
 pub mod budget;
 pub mod cgroup;
 pub mod checks;
+pub mod contention;
 pub mod example;
 pub mod flags;
+pub mod kept;
 pub mod lanes;
 pub mod logs;
 pub mod process;

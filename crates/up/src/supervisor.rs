@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use headroom_gpu::calibration::{BackendCalibration, Calibration, calibration_path_for};
+use headroom_gpu::calibration::{
+    BackendCalibration, Calibration, ContentionFigures, calibration_path_for,
+};
 use headroom_gpu::{
     EnforcedPool, GpuProbe, HostPool, NvmlProbe, Sample, Sampler, SamplerConfig, process_tree,
 };
@@ -23,10 +25,12 @@ use tokio::task::JoinHandle;
 use crate::UpError;
 use crate::audio_vllm;
 use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, resolve_model};
-use crate::budget::{AudioFootprint, Budget, CoTenants, mib};
+use crate::budget::{AudioFootprint, Budget, CoTenants, JobRoom, mib};
 use crate::cgroup::{BoxCgroup, Exit, exit_reason};
+use crate::contention::{self, Contention};
 use crate::flags::{self, TextFlags};
-use crate::lanes::{LaneFigures, serve_config};
+use crate::kept::{kept_figures_apply, one_job_agrees};
+use crate::lanes::{LaneFigures, serve_config, text_slots};
 use crate::logs::LogDir;
 use crate::process::{self, Group};
 use crate::steady::{SteadyRule, judge};
@@ -114,6 +118,11 @@ impl Meter {
             .collect()
     }
 
+    /// The highest reading of the backend rooted at `root` since `since_ms`.
+    fn highest(&self, root: u32, since_ms: u64) -> Option<u64> {
+        self.series(root, since_ms).iter().map(|p| p.1).max()
+    }
+
     fn now_bytes(&self, root: u32) -> u64 {
         let tree = self.tree(root);
         self.sampler
@@ -153,10 +162,17 @@ fn now_ms() -> u64 {
 /// What was measured for one backend.
 #[derive(Debug, Clone, PartialEq)]
 struct Measured {
+    /// Steady before its first job (now).
+    idle: u64,
+    /// The level it keeps between jobs.
     resident: u64,
     peak: u64,
     peak_per_audio_second: Option<f64>,
     runs: u32,
+    /// The figures (all but `idle`) are the calibration file's, unchanged.
+    kept: Option<BackendCalibration>,
+    /// The fastest warm-up job, when one ran now: the job alone.
+    fastest_job: Option<Duration>,
 }
 
 struct Ctx {
@@ -543,12 +559,24 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
     }
     let mut calibration = Calibration::new(ctx.meter.kind.as_str(), ctx.meter.capacity);
     if let Some(p) = &previous {
-        calibration.learned = p.learned.clone();
+        // Needs learned above the level before each job (older versions) are learned again.
+        calibration.learned = p
+            .learned
+            .iter()
+            .filter(|(_, l)| l.between_jobs)
+            .map(|(k, l)| (k.clone(), l.clone()))
+            .collect();
     }
     let mut lanes = Vec::new();
     let mut footprints = Vec::new();
+    let mut alone = BTreeMap::new();
+    // Contention figures stand while the audio figures they were measured with do.
+    let mut kept_contention = BTreeMap::new();
     for b in ctx.config.audio() {
-        let saved = previous.as_ref().and_then(|p| p.backends.get(&b.name));
+        let saved = previous.as_ref().and_then(|p| {
+            let kept = p.backends.get(&b.name)?;
+            Some((kept, p.versions.get(&b.name).map(String::as_str)))
+        });
         // An audio vLLM pre-allocates: its flags are planned from what the pool has left now.
         let planned = match &b.audio_vllm {
             Some(_) => Some(audio_vllm_flags(ctx, b, started, &footprints)?),
@@ -569,30 +597,45 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
             });
         }
         started.push((b.clone(), group, args, env));
-        lanes.push(LaneFigures {
-            backend: b.name.clone(),
-            per_job_bytes: m.peak.saturating_sub(m.resident),
-            per_audio_second_bytes: None,
+        if let Some(fastest) = m.fastest_job {
+            alone.insert(b.name.clone(), fastest);
+        }
+        if let (Some(_), Some(c)) = (
+            &m.kept,
+            previous.as_ref().and_then(|p| p.contention.get(&b.name)),
+        ) {
+            kept_contention.insert(b.name.clone(), c.clone());
+        }
+        lanes.push(LaneFigures::new(
+            &b.name,
+            m.peak.saturating_sub(m.resident),
             // An audio vLLM runs as many jobs at once as it has whole sequences.
-            max_inflight: planned.as_ref().map_or(1, |f| f.sequences),
-        });
+            planned.as_ref().map_or(1, |f| f.sequences),
+        ));
         footprints.push(AudioFootprint {
             name: b.name.clone(),
             resident_bytes: m.resident,
             peak_bytes: m.peak,
         });
-        calibration.set_backend(
-            &b.name,
-            BackendCalibration {
-                role: "audio".into(),
-                engine: b.engine.as_str().into(),
-                resident_bytes: m.resident,
-                peak_bytes: m.peak,
-                peak_per_audio_second_bytes: m.peak_per_audio_second,
-                warmup_runs: m.runs,
-                date: String::new(),
-            },
-        );
+        match &m.kept {
+            // Kept as they are: only figures measured the same way (a warm-up) replace them.
+            Some(kept) => {
+                calibration.backends.insert(b.name.clone(), kept.clone());
+            }
+            None => calibration.set_backend(
+                &b.name,
+                BackendCalibration {
+                    role: "audio".into(),
+                    engine: b.engine.as_str().into(),
+                    idle_bytes: Some(m.idle),
+                    resident_bytes: m.resident,
+                    peak_bytes: m.peak,
+                    peak_per_audio_second_bytes: m.peak_per_audio_second,
+                    warmup_runs: m.runs,
+                    date: String::new(),
+                },
+            ),
+        }
         calibration
             .versions
             .insert(b.name.clone(), versions_seen(b));
@@ -612,7 +655,8 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
         );
         ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
         ctx.status.lock().text_budget_bytes = budget.text_bytes;
-        let text_flags = text_flags(ctx, t, &budget, &footprints)?;
+        let slots = text_sequences(ctx, t, &lanes);
+        let text_flags = text_flags(ctx, t, &budget, &footprints, slots)?;
         ctx.say(&format!(
             "up: [{}] flags: {}",
             t.name,
@@ -627,17 +671,35 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
             text_flags.args.clone(),
             text_flags.env.clone(),
         ));
+        // The text engine fills its pages as its cache is used: count it at its plan.
+        let text_held = m.resident.max(text_flags.expected.total_bytes);
+        let room = JobRoom::new(
+            ctx.meter.capacity,
+            &footprints,
+            text_held,
+            cotenants.max_bytes(),
+        );
+        check_audio_room(ctx, &room, &lanes, &mut calibration)?;
+        let (gives_way_to, preempt_settle) = text_beside_audio(
+            ctx,
+            t,
+            &text_flags,
+            &alone,
+            &kept_contention,
+            &mut calibration,
+        )
+        .await;
         lanes.push(LaneFigures {
-            backend: t.name.clone(),
-            per_job_bytes: 0,
-            per_audio_second_bytes: None,
-            max_inflight: text_flags.sequences,
+            gives_way_to,
+            preempt_settle,
+            ..LaneFigures::new(&t.name, 0, text_flags.sequences)
         });
         calibration.set_backend(
             &t.name,
             BackendCalibration {
                 role: "text".into(),
                 engine: t.engine.as_str().into(),
+                idle_bytes: None,
                 resident_bytes: m.resident,
                 peak_bytes: m.peak,
                 peak_per_audio_second_bytes: None,
@@ -662,6 +724,53 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
     Ok(lanes)
 }
 
+/// Refuses a box in which an audio lane could never admit a job: its need (learned, where a
+/// learned figure is kept, else measured) and the margin above what the pool can ever have free
+/// for it ([`JobRoom`]). A learned need that does not fit where the measured one does is dropped
+/// (learned again from real jobs) and said so.
+fn check_audio_room(
+    ctx: &Ctx,
+    room: &JobRoom,
+    lanes: &[LaneFigures],
+    calibration: &mut Calibration,
+) -> Result<(), UpError> {
+    let margin = ctx.config.memory.margin;
+    for f in lanes.iter().filter(|f| f.per_job_bytes > 0) {
+        if let Some(l) = calibration.learned.get(&f.backend)
+            && !room.admits(l.bytes_per_job, margin)
+        {
+            ctx.say(&format!(
+                "up: [{}] the learned need {} and the margin {} cannot fit the room an audio job can ever find ({}); it is learned again from the measured {}",
+                f.backend,
+                mib(l.bytes_per_job),
+                mib(margin),
+                room.describe(),
+                mib(f.per_job_bytes)
+            ));
+            calibration.learned.remove(&f.backend);
+        }
+        if !room.admits(f.per_job_bytes, margin) {
+            return Err(UpError::DoesNotFit(format!(
+                "backend `{}`: its lane could never admit a job: a job needs {} and the margin {}, and at most {} can ever be free for it ({}); options: raise [memory] capacity by {}, lower [memory] margin, a smaller text `max_parallel` or `context`",
+                f.backend,
+                mib(f.per_job_bytes),
+                mib(margin),
+                mib(room.room_bytes),
+                room.describe(),
+                mib((f.per_job_bytes + margin).saturating_sub(room.room_bytes))
+            )));
+        }
+        ctx.say(&format!(
+            "up: [{}] a job needs {} + margin {}; the most an audio job can find free: {}",
+            f.backend,
+            mib(f.per_job_bytes),
+            mib(margin),
+            room.describe()
+        ));
+    }
+    Ok(())
+}
+
 /// The box's calibration file: `[memory] calibration`, else beside the box file.
 pub fn calibration_file(config: &BoxConfig, box_path: &Path) -> PathBuf {
     config
@@ -677,7 +786,7 @@ struct StartFailure(UpError);
 async fn bring_up_audio(
     ctx: &Arc<Ctx>,
     b: &BackendConfig,
-    saved: Option<&BackendCalibration>,
+    saved: Option<(&BackendCalibration, Option<&str>)>,
     args: &[String],
     env: &[(String, String)],
 ) -> Result<(Group, Measured), StartFailure> {
@@ -829,19 +938,65 @@ async fn measure_audio(
     ctx: &Arc<Ctx>,
     b: &BackendConfig,
     group: &mut Group,
-    saved: Option<&BackendCalibration>,
+    saved: Option<(&BackendCalibration, Option<&str>)>,
 ) -> Result<Measured, UpError> {
     ctx.status
         .update(&b.name, |r| r.state = BackendState::Measuring);
     let t0 = now_ms();
     let (idle, _) = wait_steady(ctx, b, group).await?;
     ctx.say(&format!("up: [{}] steady at {} idle", b.name, mib(idle)));
-    let mut runs = 0;
-    let mut per_second = None;
-    let measured = match (&b.warmup, saved) {
+    // Kept figures stand for a warm-up only while they describe the backend as it starts now
+    // and as it runs one job.
+    let mut fastest_job = None;
+    let kept = match (&b.warmup, saved) {
+        (Some(w), Some((kept, kept_version))) => {
+            let agrees = match kept_figures_apply(kept, kept_version, &versions_seen(b), idle) {
+                Ok(()) => one_job(ctx, b, group, w)
+                    .await?
+                    .and_then(|(took, after, peak)| {
+                        fastest_job = Some(took);
+                        one_job_agrees(kept, after, peak)
+                    }),
+                Err(why) => Err(why),
+            };
+            match agrees {
+                Ok(()) => Some(kept),
+                Err(why) => {
+                    ctx.say(&format!(
+                        "up: [{}] measuring again (the calibration file's figures are not used): {why}",
+                        b.name
+                    ));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let measured = match (&b.warmup, kept) {
+        (Some(_), Some(kept)) => {
+            ctx.say(&format!(
+                "up: [{}] warm-up skipped: peak {}, {} between jobs, {} before the first job, measured {} (the calibration file; --recalibrate measures again)",
+                b.name,
+                mib(kept.peak_bytes),
+                mib(kept.resident_bytes),
+                mib(kept.idle_bytes.unwrap_or(idle)),
+                kept.date
+            ));
+            Measured {
+                idle,
+                resident: kept.resident_bytes,
+                peak: kept.peak_bytes,
+                peak_per_audio_second: kept.peak_per_audio_second_bytes,
+                runs: kept.warmup_runs,
+                kept: Some(kept.clone()),
+                fastest_job,
+            }
+        }
         (Some(w), None) => {
             let job = warmup::prepare(b, w)?;
             let begin = now_ms();
+            let mut runs = 0;
+            let mut fastest = Duration::MAX;
             for i in 1..=w.runs {
                 let took = warmup::run(&ctx.client, &job)
                     .await
@@ -850,13 +1005,8 @@ async fn measure_audio(
                         what: format!("failed its warm-up job {i}/{} ({}): {e}", w.runs, job.url),
                     })?;
                 runs += 1;
-                let peak = ctx
-                    .meter
-                    .series(group.pid, begin)
-                    .iter()
-                    .map(|p| p.1)
-                    .max()
-                    .unwrap_or(0);
+                fastest = fastest.min(took);
+                let peak = ctx.meter.highest(group.pid, begin).unwrap_or(0);
                 ctx.say(&format!(
                     "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
                     b.name,
@@ -871,50 +1021,33 @@ async fn measure_audio(
             let (resident, _) = wait_steady(ctx, b, group).await?;
             let peak = ctx
                 .meter
-                .series(group.pid, t0)
-                .iter()
-                .map(|p| p.1)
-                .max()
+                .highest(group.pid, t0)
                 .unwrap_or(resident)
                 .max(resident);
-            if let Some(secs) = job.audio_seconds.filter(|s| *s > 0.0) {
-                per_second = Some(peak.saturating_sub(idle) as f64 / secs);
-            }
+            let per_second = job
+                .audio_seconds
+                .filter(|s| *s > 0.0)
+                .map(|secs| peak.saturating_sub(idle) as f64 / secs);
             Measured {
+                idle,
                 resident,
                 peak,
                 peak_per_audio_second: per_second,
                 runs,
+                kept: None,
+                fastest_job: (runs > 0).then_some(fastest),
             }
         }
-        (_, Some(saved)) => {
-            let peak = saved.peak_bytes.max(idle);
-            ctx.say(&format!(
-                "up: [{}] warm-up skipped: peak {} from the calibration file",
-                b.name,
-                mib(peak)
-            ));
+        (None, _) => {
+            let peak = ctx.meter.highest(group.pid, t0).unwrap_or(idle).max(idle);
             Measured {
-                resident: idle,
-                peak,
-                peak_per_audio_second: saved.peak_per_audio_second_bytes,
-                runs: saved.warmup_runs,
-            }
-        }
-        (None, None) => {
-            let peak = ctx
-                .meter
-                .series(group.pid, t0)
-                .iter()
-                .map(|p| p.1)
-                .max()
-                .unwrap_or(idle)
-                .max(idle);
-            Measured {
+                idle,
                 resident: idle,
                 peak,
                 peak_per_audio_second: None,
                 runs: 0,
+                kept: None,
+                fastest_job: None,
             }
         }
     };
@@ -931,10 +1064,37 @@ async fn measure_audio(
     ctx.status.update(&b.name, |r| {
         r.resident_bytes = measured.resident;
         r.peak_bytes = measured.peak;
-        r.current_bytes = measured.resident;
+        r.current_bytes = measured.idle;
         r.state = BackendState::Ready;
     });
     Ok(measured)
+}
+
+/// Runs the warm-up job once on a backend started from kept figures, then waits for steady
+/// memory: `Ok(Ok((time taken, level after, highest reading)))`, or `Ok(Err(why))` when the job
+/// failed (the full warm-up will say so again).
+async fn one_job(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    w: &crate::boxfile::Warmup,
+) -> Result<Result<(Duration, u64, u64), String>, UpError> {
+    let job = warmup::prepare(b, w)?;
+    let begin = now_ms();
+    let took = match warmup::run(&ctx.client, &job).await {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(format!("its warm-up job failed ({e})"))),
+    };
+    let (after, _) = wait_steady(ctx, b, group).await?;
+    let peak = ctx.meter.highest(group.pid, begin).unwrap_or(after);
+    ctx.say(&format!(
+        "up: [{}] one warm-up job: {:.2} s, peak {}, {} after it",
+        b.name,
+        took.as_secs_f64(),
+        mib(peak),
+        mib(after)
+    ));
+    Ok(Ok((took, after, peak)))
 }
 
 /// The flags as `/admin/box` shows them: the arguments, then the environment as `KEY=VALUE`.
@@ -1013,16 +1173,121 @@ fn audio_vllm_flags(
     Ok(f)
 }
 
+/// The text engine's sequences: its `max_parallel`, kept below `[serve] max_inflight_total`
+/// less the audio lanes' slots ([`text_slots`]); said when that lowers it.
+fn text_sequences(ctx: &Ctx, t: &BackendConfig, lanes: &[LaneFigures]) -> u64 {
+    let max_parallel = t.text.as_ref().map_or(1, |p| p.max_parallel);
+    let total = ctx
+        .config
+        .serve
+        .top
+        .get("max_inflight_total")
+        .and_then(toml::Value::as_integer)
+        .and_then(|n| u64::try_from(n).ok());
+    let audio: u64 = lanes.iter().map(|l| l.max_inflight).sum();
+    let slots = text_slots(max_parallel, total, audio);
+    if slots < max_parallel {
+        ctx.say(&format!(
+            "up: [{}] {slots} sequence(s), not {max_parallel}: [serve] max_inflight_total {} less the audio lanes' {audio} slot(s), so an audio job never waits for a generation to end",
+            t.name,
+            total.unwrap_or(0)
+        ));
+    }
+    slots
+}
+
+/// Measures whether one generation of the text engine slows each audio backend's job
+/// ([`contention`]); returns the audio lanes text gives way to and the settle for their jobs.
+/// A measurement that fails is said and derives nothing (the box file's settings stand).
+async fn text_beside_audio(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    f: &TextFlags,
+    alone: &BTreeMap<String, Duration>,
+    kept: &BTreeMap<String, ContentionFigures>,
+    calibration: &mut Calibration,
+) -> (Vec<String>, Option<Duration>) {
+    let mut gives_way_to = Vec::new();
+    let mut settle: Option<Duration> = None;
+    // Long enough to outlast an audio job, short enough for the context of one sequence.
+    let max_tokens = f.context_per_sequence.saturating_sub(128).clamp(16, 1024);
+    let flags = shown_flags(f);
+    for b in ctx.config.audio() {
+        let Some(w) = &b.warmup else { continue };
+        // Kept with the audio figures and measured beside the same text engine flags.
+        if let Some(k) = kept.get(&b.name).filter(|k| k.text_flags == flags) {
+            let c = Contention::from_kept(&b.name, k);
+            ctx.say(&format!(
+                "up: [{}] beside [{}] (measured {}, the calibration file):",
+                t.name, b.name, k.date
+            ));
+            say_contention(ctx, t, &c);
+            if c.text_gives_way() {
+                settle = settle.max(Some(c.settle()));
+                gives_way_to.push(b.name.clone());
+            }
+            calibration.contention.insert(b.name.clone(), k.clone());
+            continue;
+        }
+        let measured = match warmup::prepare(b, w) {
+            Ok(job) => {
+                let known = alone.get(&b.name).copied();
+                contention::measure(&ctx.client, &b.name, &job, known, &t.upstream(), max_tokens)
+                    .await
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        match measured {
+            Ok(c) => {
+                say_contention(ctx, t, &c);
+                if c.text_gives_way() {
+                    settle = settle.max(Some(c.settle()));
+                    gives_way_to.push(b.name.clone());
+                }
+                calibration.contention.insert(b.name.clone(), c.kept(&flags));
+            }
+            Err(e) => ctx.say(&format!(
+                "up: [{}] warning: could not measure whether text slows [{}]'s jobs ({e}); the box file's lane settings stand",
+                t.name, b.name
+            )),
+        }
+    }
+    (gives_way_to, settle)
+}
+
+fn say_contention(ctx: &Ctx, t: &BackendConfig, c: &Contention) {
+    let verdict = if c.text_gives_way() {
+        format!(
+            "text yields to it and stops every running generation for its jobs (preempt, all; settle {} ms)",
+            c.settle().as_millis()
+        )
+    } else {
+        format!(
+            "within {:.1} x: text runs on beside it",
+            contention::SLOWDOWN_LIMIT
+        )
+    };
+    ctx.say(&format!(
+        "up: [{}] beside [{}]: {}; {verdict}",
+        t.name,
+        c.backend,
+        c.describe()
+    ));
+}
+
 fn text_flags(
     ctx: &Ctx,
     t: &BackendConfig,
     budget: &Budget,
     audio: &[AudioFootprint],
+    sequences: u64,
 ) -> Result<TextFlags, UpError> {
-    let plan = t
-        .text
-        .as_ref()
-        .expect("validated: text backends have a plan");
+    let plan = &crate::boxfile::TextPlan {
+        max_parallel: sequences,
+        ..t.text
+            .clone()
+            .expect("validated: text backends have a plan")
+    };
     let model = resolve_model(&ctx.config.dir, &plan.model)?;
     let gpu = ctx.meter.kind == ProbeKind::Nvml;
     let result = match t.engine {
@@ -1064,10 +1329,7 @@ async fn bring_up_text(
     };
     let peak = ctx
         .meter
-        .series(group.pid, t0)
-        .iter()
-        .map(|p| p.1)
-        .max()
+        .highest(group.pid, t0)
         .unwrap_or(resident)
         .max(resident);
     let check = checked_against_plan(ctx, t, f, &group, resident, peak);
@@ -1081,10 +1343,13 @@ async fn bring_up_text(
     Ok((
         group,
         Measured {
+            idle: resident,
             resident,
             peak,
             peak_per_audio_second: None,
             runs: 0,
+            kept: None,
+            fastest_job: None,
         },
     ))
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::{AdmitRequest, DEFAULT_SERVICE_TIME, Inner, MAX_RETRY_AFTER, PoolSnapshot, State};
 use crate::lane::RejectReason;
-use crate::ledger::{PeakSample, PoolKind};
+use crate::ledger::{MemoryShortfall, PeakSample, PoolKind};
 
 /// Shortest Retry-After of a memory refusal (about one sampler period).
 const MIN_MEMORY_RETRY: Duration = Duration::from_millis(50);
@@ -82,11 +82,20 @@ impl Inner {
             request.audio_seconds,
             now,
         );
+        self.learn_from_ledger(st);
         Some((need.device, id))
     }
 
-    /// Gives a reservation back; a measured peak goes to the lane's learner.
+    /// Gives a reservation back (its measured peak reaches the lane's learner once the level its
+    /// upstream keeps after it is known).
     pub(super) fn release_memory(&self, st: &mut State, device: u32, id: u64, now: Instant) {
+        if let Some(ledger) = st.ledger.as_mut() {
+            ledger.release(device, id, now);
+        }
+    }
+
+    /// Hands the job peaks the ledger has finished measuring to their lanes' learners.
+    pub(super) fn learn_from_ledger(&self, st: &mut State) {
         let Some(ledger) = st.ledger.as_mut() else {
             return;
         };
@@ -94,27 +103,33 @@ impl Inner {
             ledger.settings().learn_quantile,
             ledger.settings().learn_min_samples,
         );
-        if let Some(PeakSample {
+        for PeakSample {
             lane,
             peak_bytes,
             audio_seconds,
-        }) = ledger.release(device, id, now)
-            && let Some(need) = &self.specs[lane].gpu
+        } in ledger.take_samples()
         {
-            st.learners[lane].add(
-                peak_bytes,
-                audio_seconds,
-                need.bytes_per_audio_second,
-                quantile,
-                min,
-            );
+            if let Some(need) = &self.specs[lane].gpu {
+                st.learners[lane].add(
+                    peak_bytes,
+                    audio_seconds,
+                    need.bytes_per_audio_second,
+                    quantile,
+                    min,
+                );
+            }
         }
     }
 
-    /// Retry-After of a memory refusal: until the earliest reservation on the short device is
-    /// expected to end (admitted + its lane's mean service time), or until a reading may come.
-    pub(super) fn memory_retry_after(&self, st: &State, now: Instant) -> Option<Duration> {
-        let short = st.shortfall.as_ref()?;
+    /// Retry-After of a memory refusal with figures `short`: until the earliest reservation on
+    /// its device is expected to end (admitted + its lane's mean service time), or until a
+    /// reading may come.
+    pub(super) fn memory_retry_after(
+        &self,
+        st: &State,
+        short: &MemoryShortfall,
+        now: Instant,
+    ) -> Option<Duration> {
         let ledger = st.ledger.as_ref()?;
         if short.free_bytes.is_none() {
             return Some(ledger.settings().stale_after.max(MIN_MEMORY_RETRY));

@@ -107,7 +107,9 @@ fn may_fall_back(s: &AppState, lane: Lane<'_>, rejection: &Rejection) -> bool {
 
 fn outcome_of(r: &Rejection) -> &'static str {
     match r.reason {
+        // A request held (for memory) until its queue wait ran out timed out in the queue.
         RejectReason::QueueTimeout => "queue_timeout",
+        _ if r.queued_for.is_some() => "queue_timeout",
         RejectReason::ShuttingDown => "shutting_down",
         _ => "rejected",
     }

@@ -1,0 +1,324 @@
+//! Whether text slows the audio down on this box, measured: an audio backend's warm-up job timed
+//! alone, then beside one streaming text generation, whose tokens before the job began give the
+//! text engine's decode step on its own. Where one
+//! generation slows the job by more than [`SLOWDOWN_LIMIT`] (engines on the same cores, or on the
+//! same GPU without room for both), the text lane yields to that audio lane and stops every
+//! running request when one of its jobs is admitted (`preempt`, `preempt_per_job = "all"`: one
+//! generation left running already costs that much); `preempt_settle` lets a decode step in
+//! progress end first ([`Contention::settle`]): the job waits alone for it, so the step on its
+//! own is the measure, not the step slowed by the job. Where it does not (enough cores for both), text
+//! runs on beside audio. The measuring is done here; the judging is pure.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use headroom_gpu::calibration::{ContentionFigures, now_rfc3339};
+
+use crate::warmup::{self, Job};
+
+/// Slowdown of an audio job beside one text generation above which text gives way to audio
+/// (the target `bench/protection.sh` holds a lane to: audio p95 within 1.2 × idle).
+pub const SLOWDOWN_LIMIT: f64 = 1.2;
+/// Bounds of the derived `preempt_settle`.
+const SETTLE_MIN: Duration = Duration::from_millis(250);
+const SETTLE_MAX: Duration = Duration::from_secs(5);
+/// Rounds of each measurement; the fastest is kept (noise only ever slows a job down).
+const ROUNDS: usize = 2;
+/// Tokens (or time) of the generation on its own before the audio job begins.
+const STEPS_ALONE: usize = 6;
+const STEPS_ALONE_WAIT: Duration = Duration::from_secs(3);
+
+/// What one audio backend's job costs alone and beside text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contention {
+    pub backend: String,
+    /// The job alone (fastest of the rounds).
+    pub alone: Duration,
+    /// The job beside one streaming generation (fastest of the rounds).
+    pub with_text: Duration,
+    /// The longest gap between two tokens of that generation on its own (before the job).
+    pub text_step: Option<Duration>,
+}
+
+impl Contention {
+    pub fn slowdown(&self) -> f64 {
+        self.with_text.as_secs_f64() / self.alone.as_secs_f64().max(1e-6)
+    }
+
+    /// Whether text must give way to this backend's jobs.
+    pub fn text_gives_way(&self) -> bool {
+        self.slowdown() > SLOWDOWN_LIMIT
+    }
+
+    /// How long an admitted job waits for stopped generations to leave the engine: two of the
+    /// text engine's longest decode steps on its own (the engine reads a cancel between two
+    /// steps, and the job waits while nothing else runs), within
+    /// [250 ms, 5 s]; one second when no step was seen.
+    pub fn settle(&self) -> Duration {
+        self.text_step
+            .map_or(Duration::from_secs(1), |s| s * 2)
+            .clamp(SETTLE_MIN, SETTLE_MAX)
+    }
+
+    /// The figures kept in the calibration file, with the text engine's `flags`.
+    pub fn kept(&self, flags: &[String]) -> ContentionFigures {
+        ContentionFigures {
+            alone_seconds: self.alone.as_secs_f64(),
+            with_text_seconds: self.with_text.as_secs_f64(),
+            text_step_seconds: self.text_step.map(|s| s.as_secs_f64()),
+            text_flags: flags.to_vec(),
+            date: now_rfc3339(),
+        }
+    }
+
+    /// Back from kept figures.
+    pub fn from_kept(backend: &str, k: &ContentionFigures) -> Contention {
+        let secs = |s: f64| Duration::from_secs_f64(s.clamp(0.0, 86_400.0));
+        Contention {
+            backend: backend.to_string(),
+            alone: secs(k.alone_seconds),
+            with_text: secs(k.with_text_seconds),
+            text_step: k.text_step_seconds.map(secs),
+        }
+    }
+
+    /// The progress line.
+    pub fn describe(&self) -> String {
+        format!(
+            "its job takes {:.2} s alone and {:.2} s beside one text generation (x{:.2}; the text engine's longest decode step on its own {})",
+            self.alone.as_secs_f64(),
+            self.with_text.as_secs_f64(),
+            self.slowdown(),
+            self.text_step
+                .map_or("not seen".into(), |s| format!("{:.2} s", s.as_secs_f64()))
+        )
+    }
+}
+
+/// The longest gap between consecutive token arrivals that overlaps `[from, to]`.
+pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Duration> {
+    stamps
+        .windows(2)
+        .filter(|w| w[1] >= from && w[0] <= to)
+        .map(|w| w[1] - w[0])
+        .max()
+}
+
+/// Measures `job` (an audio backend's warm-up) alone (unless `alone` is known: the fastest of
+/// its warm-up runs) and beside a streaming generation of the text engine at `text_base` with
+/// `max_tokens` (long enough to outlast the job).
+pub async fn measure(
+    client: &reqwest::Client,
+    backend: &str,
+    job: &Job,
+    alone: Option<Duration>,
+    text_base: &str,
+    max_tokens: u64,
+) -> Result<Contention, String> {
+    let alone = match alone {
+        Some(a) => a,
+        None => {
+            let mut fastest = Duration::MAX;
+            for _ in 0..ROUNDS {
+                fastest = fastest.min(warmup::run(client, job).await?);
+            }
+            fastest
+        }
+    };
+    let model = served_model(client, text_base).await;
+    let mut with_text = Duration::MAX;
+    let mut text_step: Option<Duration> = None;
+    for _ in 0..ROUNDS {
+        let stream = TextStream::start(client, text_base, &model, max_tokens).await?;
+        let begun = Instant::now();
+        stream.steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
+        let from = Instant::now();
+        let took = warmup::run(client, job).await;
+        let (stamps, finished) = stream.stop();
+        let took = took?;
+        if finished {
+            return Err(format!(
+                "the text generation ended before the audio job did ({} chunks)",
+                stamps.len()
+            ));
+        }
+        with_text = with_text.min(took);
+        // Decode steps on their own: the gaps between chunks after the first (which may come
+        // before the prompt is evaluated) and before the job began.
+        let alone: Vec<Instant> = stamps
+            .iter()
+            .copied()
+            .filter(|t| *t >= begun && *t <= from)
+            .collect();
+        text_step = text_step.max(longest_gap(&alone, begun, from));
+    }
+    Ok(Contention {
+        backend: backend.to_string(),
+        alone,
+        with_text,
+        text_step,
+    })
+}
+
+/// The text engine's model name (`GET /v1/models`, first entry), which vLLM requires in a
+/// request and llama.cpp ignores.
+async fn served_model(client: &reqwest::Client, base: &str) -> String {
+    let listed = async {
+        let bytes = client
+            .get(format!("{base}/v1/models"))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .ok()?
+            .bytes()
+            .await
+            .ok()?;
+        let body: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        Some(body["data"][0]["id"].as_str()?.to_string())
+    };
+    listed.await.unwrap_or_else(|| "default".into())
+}
+
+/// One streaming chat completion whose chunk arrival times are recorded until it is stopped
+/// (dropping the connection, which the engine reads as a cancel).
+struct TextStream {
+    stamps: Arc<Mutex<Seen>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// The chunk arrival times, and whether the stream has ended.
+type Seen = (Vec<Instant>, bool);
+
+impl TextStream {
+    /// Starts the generation and waits for its first token (at most 60 s).
+    async fn start(
+        client: &reqwest::Client,
+        base: &str,
+        model: &str,
+        max_tokens: u64,
+    ) -> Result<TextStream, String> {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "Count from one to one thousand in words, one number per line."}],
+            "max_tokens": max_tokens,
+            // A small model may end its answer after a few tokens: the generation must outlast
+            // the job (llama.cpp's server and vLLM both take it).
+            "ignore_eos": true,
+            "stream": true,
+        });
+        let mut response = client
+            .post(format!("{base}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| format!("the text request failed: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("the text engine answered {}", response.status()));
+        }
+        let stamps: Arc<Mutex<Seen>> = Arc::new(Mutex::new((Vec::new(), false)));
+        let seen = Arc::clone(&stamps);
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        let reader = tokio::spawn(async move {
+            let mut first = Some(first_tx);
+            while let Ok(Some(_)) = response.chunk().await {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+                    .push(Instant::now());
+                if let Some(tx) = first.take() {
+                    let _ = tx.send(());
+                }
+            }
+            seen.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        });
+        match tokio::time::timeout(Duration::from_secs(60), first_rx).await {
+            Ok(Ok(())) => Ok(TextStream { stamps, reader }),
+            _ => {
+                reader.abort();
+                Err("the text engine streamed no token within 60 s".into())
+            }
+        }
+    }
+
+    /// Waits until `n` more chunks arrived (or `wait` passed).
+    async fn steps_alone(&self, n: usize, wait: Duration) {
+        let count = || {
+            self.stamps
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .0
+                .len()
+        };
+        let (start, until) = (count(), Instant::now() + wait);
+        while count() < start + n && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Stops reading (the connection closes); the arrival times, and whether it had ended.
+    fn stop(self) -> Seen {
+        self.reader.abort();
+        std::mem::take(&mut *self.stamps.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(alone_ms: u64, with_ms: u64, step_ms: Option<u64>) -> Contention {
+        Contention {
+            backend: "whisper".into(),
+            alone: Duration::from_millis(alone_ms),
+            with_text: Duration::from_millis(with_ms),
+            text_step: step_ms.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn text_gives_way_where_one_generation_slows_the_job_past_the_limit() {
+        // Two engines on the same two cores: 0.9 s alone, 2.1 s beside one generation.
+        let shared = seen(900, 2100, Some(400));
+        assert!(shared.text_gives_way());
+        assert!((shared.slowdown() - 2.333).abs() < 0.01);
+        assert_eq!(shared.settle(), Duration::from_millis(800));
+        // Enough cores for both: within 20 %.
+        assert!(!seen(900, 1050, Some(30)).text_gives_way());
+        assert!(seen(900, 1090, None).text_gives_way());
+    }
+
+    #[test]
+    fn kept_figures_come_back_as_measured() {
+        let c = seen(900, 2100, Some(400));
+        let flags = vec!["-c".to_string(), "16384".into()];
+        let k = c.kept(&flags);
+        assert_eq!(k.text_flags, flags);
+        assert_eq!(Contention::from_kept("whisper", &k), c);
+    }
+
+    #[test]
+    fn the_settle_is_two_decode_steps_within_bounds() {
+        assert_eq!(seen(1, 2, Some(20)).settle(), SETTLE_MIN);
+        assert_eq!(seen(1, 2, Some(4000)).settle(), SETTLE_MAX);
+        assert_eq!(seen(1, 2, None).settle(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_longest_gap_is_the_one_overlapping_the_job() {
+        let t = Instant::now();
+        let at = |ms: u64| t + Duration::from_millis(ms);
+        let stamps = [at(0), at(10), at(20), at(500), at(520), at(1500), at(1510)];
+        // The job ran from 100 ms to 600 ms: the 20 → 500 gap is inside it, 520 → 1500 starts
+        // inside it and counts too; 0 → 10 does not.
+        assert_eq!(
+            longest_gap(&stamps, at(100), at(600)),
+            Some(Duration::from_millis(980))
+        );
+        assert_eq!(
+            longest_gap(&stamps, at(100), at(400)),
+            Some(Duration::from_millis(480))
+        );
+        assert_eq!(longest_gap(&stamps[..1], at(0), at(1)), None);
+    }
+}
