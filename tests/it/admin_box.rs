@@ -36,9 +36,11 @@ fn report(upstream: &str) -> BoxReport {
             restarts: 0,
             drifted: false,
             retry_after_ms: None,
+            restart_reason: None,
             flags: Vec::new(),
             plan_check: None,
         }],
+        enforce: None,
     }
 }
 

@@ -38,9 +38,11 @@ impl headroom_server::admin_box::BoxProvider for StubBox {
                 restarts: 1,
                 drifted: false,
                 retry_after_ms: None,
+                restart_reason: None,
                 flags: Vec::new(),
                 plan_check: None,
             }],
+            enforce: None,
         }
     }
 }

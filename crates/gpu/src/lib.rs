@@ -4,9 +4,12 @@
 //! a ring buffer and a sample file ([`sample`]); [`leak`] turns per-round floors and throughput
 //! into a verdict using the statistics in [`trend`]. [`HostPool`] is the probe of a box without a
 //! GPU: host RAM as one device whose users are process trees read from `/proc`; [`calibration`]
-//! is the file `up` keeps its measurements in; [`listen`] names the process listening on a port.
+//! is the file `up` keeps its measurements in; [`listen`] names the process listening on a port;
+//! [`cgroup`] finds this process's memory cgroup and reads one (an [`EnforcedPool`] is a host pool
+//! whose use is the cgroup's charge).
 
 pub mod calibration;
+pub mod cgroup;
 pub mod host;
 pub mod leak;
 pub mod listen;
@@ -18,6 +21,7 @@ pub mod scripted;
 pub mod trend;
 
 pub use calibration::{BackendCalibration, Calibration, CalibrationError, LearnedLane};
+pub use cgroup::{EnforcedPool, MemoryCgroup, MemoryHierarchy};
 pub use host::{HostPool, TreeMemory, process_tree, tree_memory};
 pub use leak::{LeakConfig, LeakError, LeakReport, Verdict, verdict, verdict_with};
 pub use listen::{ListenError, listening_pid, url_listener};

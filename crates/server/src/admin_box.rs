@@ -2,7 +2,9 @@
 //! gateway, fed by a [`BoxProvider`] the supervisor hands in. Without a provider the route
 //! answers 404, as any unknown route. The same figures are rendered into `/metrics`, and a lane
 //! whose every upstream belongs to a backend that is not serving (restarting, starting, failed)
-//! answers 503 with Retry-After at once instead of a 502 from a refused connection.
+//! answers 503 with Retry-After at once instead of a 502 from a refused connection. A box whose
+//! capacity is enforced (`[memory] enforce`) also reports its memory cgroup: the limit, what the
+//! kernel charges to it, and how many of its processes the kernel's OOM killer killed.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -61,6 +63,10 @@ pub struct BackendReport {
     pub restarts: u64,
     /// Set when memory grew past the measured peak by more than the drift margin.
     pub drifted: bool,
+    /// Why it last exited (`oom_killed` when the kernel's OOM killer killed it inside the box's
+    /// memory cgroup; else `exit code N` or `signal N`); absent until it has exited once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_reason: Option<String>,
     /// While restarting: how long until the next attempt is healthy at the earliest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
@@ -82,6 +88,26 @@ pub struct BoxReport {
     /// Memory the text engine was given: capacity − audio peaks − co-tenants − margin.
     pub text_budget_bytes: u64,
     pub backends: Vec<BackendReport>,
+    /// The memory cgroup every backend runs in, when capacity is enforced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enforce: Option<EnforceReport>,
+}
+
+/// The box's memory cgroup (`[memory] enforce = true`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EnforceReport {
+    /// Its directory (a process joins it by writing its PID to `cgroup.procs` there).
+    pub cgroup: String,
+    /// `v1` or `v2`.
+    pub version: String,
+    /// The hard limit: the pool's capacity.
+    pub limit_bytes: u64,
+    /// What the kernel charges to it (`memory.current` / `memory.usage_in_bytes`).
+    pub usage_bytes: u64,
+    /// The pool's reading: the charge less inactive file cache.
+    pub working_set_bytes: u64,
+    /// Processes in it the kernel's OOM killer killed since it was made.
+    pub oom_kills: u64,
 }
 
 /// Hands the gateway the box's current state. Implemented by the supervisor; must be cheap
@@ -197,5 +223,44 @@ pub fn render_metrics(state: &AppState) -> String {
         "# HELP headroom_box_text_budget_bytes Memory given to the text engine\n# TYPE headroom_box_text_budget_bytes gauge\nheadroom_box_text_budget_bytes {}",
         report.text_budget_bytes
     );
+    if let Some(e) = &report.enforce {
+        render_enforce(&mut out, e);
+    }
     out
+}
+
+/// The memory cgroup's figures: OOM kills (a counter), its limit and its charge.
+fn render_enforce(out: &mut String, e: &EnforceReport) {
+    let rows: [(&str, &str, &str, u64); 4] = [
+        (
+            "headroom_box_oom_kills_total",
+            "counter",
+            "Processes of the box the kernel's OOM killer killed inside its memory cgroup",
+            e.oom_kills,
+        ),
+        (
+            "headroom_box_memory_limit_bytes",
+            "gauge",
+            "Hard memory limit of the box's cgroup (the enforced capacity)",
+            e.limit_bytes,
+        ),
+        (
+            "headroom_box_memory_usage_bytes",
+            "gauge",
+            "Memory the kernel charges to the box's cgroup, page cache included",
+            e.usage_bytes,
+        ),
+        (
+            "headroom_box_memory_working_set_bytes",
+            "gauge",
+            "The box's cgroup charge less inactive file cache: the pool's reading",
+            e.working_set_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
 }

@@ -520,6 +520,12 @@ impl ServeConfig {
             return Err(key_err("lanes", "at least one [[lanes]] table is required"));
         }
         let memory = raw.memory.unwrap_or_default().validate("memory")?;
+        if memory.enforce {
+            return Err(key_err(
+                "memory.enforce",
+                "only `headroom up` enforces capacity (it starts the backends inside the limit); serve watches upstreams it did not start",
+            ));
+        }
         let balancer = raw.balancer.unwrap_or_default().validate()?;
         let mut lanes = Vec::with_capacity(raw.lanes.len());
         let mut notes = Vec::new();
@@ -1193,6 +1199,10 @@ policy = "queue"
             (
                 "[memory]\nprobe=\"host\"\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
                 "memory.capacity",
+            ),
+            (
+                "[memory]\nprobe=\"host\"\ncapacity=\"1GiB\"\nwatch=[\"http://a:1\"]\nenforce=true\n[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]",
+                "only `headroom up` enforces capacity",
             ),
             (
                 "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\npreempt=true\npreempt_per_job=\"most\"",

@@ -16,6 +16,7 @@
 //! learn_quantile = 0.95               # quantile of observed job peaks a learned need covers
 //! learn_min_samples = 8               # jobs measured before a learned need replaces the figure
 //! calibration = "calibration.json"    # learned needs are saved here and read back at start
+//! enforce = true                      # headroom up only: capacity is a hard limit (one memory cgroup)
 //! ```
 
 use std::path::PathBuf;
@@ -61,6 +62,7 @@ pub struct MemoryTable {
     pub learn_quantile: Option<f64>,
     pub learn_min_samples: Option<i64>,
     pub calibration: Option<String>,
+    pub enforce: Option<bool>,
 }
 
 /// The `[memory]` table after validation.
@@ -87,6 +89,10 @@ pub struct MemoryConfig {
     pub learn_min_samples: usize,
     /// Calibration file the learned needs are saved to and read back from.
     pub calibration: Option<PathBuf>,
+    /// `headroom up` only: run every backend in one memory cgroup whose hard limit is
+    /// `capacity` (the kernel OOM-kills inside it past the limit, as a card would), and read the
+    /// pool's use from that cgroup.
+    pub enforce: bool,
     /// Test-only (no TOML key): admit on the reading alone, ignoring reservations, so a test
     /// can show the old comparison over-commits.
     #[doc(hidden)]
@@ -112,6 +118,7 @@ impl Default for MemoryConfig {
             learn_quantile: 0.95,
             learn_min_samples: 8,
             calibration: None,
+            enforce: false,
             ignore_reservations: false,
         }
     }
@@ -219,6 +226,13 @@ impl MemoryTable {
                 "must be at least one sample_interval",
             ));
         }
+        let enforce = self.enforce.unwrap_or(false);
+        if enforce && probe != ProbeKind::Host {
+            return Err(key_err(
+                k("enforce"),
+                "needs probe = \"host\" (a GPU enforces its own memory: past it, allocations fail)",
+            ));
+        }
         let learn_quantile = self.learn_quantile.unwrap_or(d.learn_quantile);
         if !(learn_quantile > 0.0 && learn_quantile <= 1.0) {
             return Err(key_err(
@@ -243,13 +257,15 @@ impl MemoryTable {
             learn_quantile,
             learn_min_samples,
             calibration: self.calibration.map(PathBuf::from),
+            enforce,
             ignore_reservations: false,
         })
     }
 }
 
 impl MemoryConfig {
-    /// The table as `serve` reads it (what `up` writes into the config of the `serve` it starts).
+    /// The table as `serve` reads it (what `up` writes into the config of the `serve` it starts;
+    /// `enforce` stays with `up`, which runs the cgroup and hands serve its probe).
     pub fn to_toml(&self) -> String {
         let mut out = String::from("[memory]\n");
         let quote = |s: &str| toml::Value::String(s.to_string()).to_string();
@@ -310,6 +326,18 @@ mod tests {
     }
 
     #[test]
+    fn enforce_is_a_host_pool_key_that_serve_is_not_handed() {
+        let c = parse(
+            "probe = \"host\"\ncapacity = \"1GiB\"\nwatch = [\"http://127.0.0.1:9\"]\nenforce = true\n",
+        )
+        .unwrap();
+        assert!(c.enforce);
+        assert!(!c.to_toml().contains("enforce"), "{}", c.to_toml());
+        let nvml = parse("probe = \"nvml\"\nenforce = true\n").unwrap_err();
+        assert!(nvml.to_string().contains("probe = \"host\""), "{nvml}");
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         for (text, want) in [
             ("probe = \"rocm\"", "memory.probe"),
@@ -328,6 +356,8 @@ mod tests {
             ("learn_min_samples = 0", "memory.learn_min_samples"),
             ("device = -1", "memory.device"),
             ("bogus = 1", "unknown field"),
+            ("enforce = true", "memory.enforce"),
+            ("enforce = \"yes\"", "enforce"),
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text:?} gave {err:?}, wanted {want:?}");

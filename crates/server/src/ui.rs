@@ -649,32 +649,52 @@ fn memory_table(view: &UiView) -> String {
 }
 
 fn backends_table(view: &UiView) -> String {
-    let Some(backends) = view
-        .extras
-        .get("box")
-        .and_then(|b| b["backends"].as_array())
-    else {
+    let Some(report) = view.extras.get("box") else {
         return String::new();
     };
-    let mut t = String::from(
+    let Some(backends) = report["backends"].as_array() else {
+        return String::new();
+    };
+    let mut t = enforce_line(&report["enforce"]);
+    t.push_str(
         "<h3>Backends</h3><table id=\"backends\"><thead><tr><th>backend</th><th>role</th>\
-         <th>state</th><th>resident</th><th>peak</th><th>restarts</th></tr></thead><tbody>",
+         <th>state</th><th>resident</th><th>peak</th><th>restarts</th><th>last exit</th></tr>\
+         </thead><tbody>",
     );
     for b in backends {
         let bytes = |k: &str| b[k].as_f64().map_or("–".to_string(), bytes_cell);
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(b["name"].as_str().unwrap_or("")),
             escape(b["role"].as_str().unwrap_or("")),
             escape(b["state"].as_str().unwrap_or("")),
             bytes("resident_bytes"),
             bytes("peak_bytes"),
-            b["restarts"].as_u64().unwrap_or(0)
+            b["restarts"].as_u64().unwrap_or(0),
+            escape(b["restart_reason"].as_str().unwrap_or("–"))
         );
     }
     t.push_str("</tbody></table>");
     t
+}
+
+/// The box's enforced memory limit, its cgroup's reading and OOM kills (empty when not enforced).
+fn enforce_line(e: &serde_json::Value) -> String {
+    if !e.is_object() {
+        return String::new();
+    }
+    let bytes = |k: &str| e[k].as_f64().map_or("–".to_string(), bytes_cell);
+    format!(
+        "<p id=\"enforce\">limit {} enforced by memory cgroup {} <code>{}</code>: \
+         in use {} (charged {}), <span class=\"oom\">OOM kills {}</span></p>",
+        bytes("limit_bytes"),
+        escape(e["version"].as_str().unwrap_or("")),
+        escape(e["cgroup"].as_str().unwrap_or("")),
+        bytes("working_set_bytes"),
+        bytes("usage_bytes"),
+        e["oom_kills"].as_u64().unwrap_or(0)
+    )
 }
 
 fn engines_table(view: &UiView) -> String {

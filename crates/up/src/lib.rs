@@ -4,7 +4,8 @@
 //! ([`warmup`]), gives the text engine what the measured peaks leave ([`budget`]) as its own
 //! memory flags ([`flags`]), starts it and checks its start-up log, then runs `serve` in the same
 //! process with lanes derived from the same figures ([`lanes`]), restarts backends that exit and
-//! stops everything in order ([`supervisor`]). An audio backend that is itself a vLLM is planned
+//! stops everything in order ([`supervisor`]); with `[memory] enforce` every backend runs in one
+//! memory cgroup limited to the capacity ([`cgroup`]). An audio backend that is itself a vLLM is planned
 //! before it starts ([`audio_vllm`]), then measured like the others. Planning comes from `headroom-plan`, GGUF reading
 //! from `headroom-inspect`, log reading from `headroom-doctor`, memory readings from
 //! `headroom-gpu` (NVML or the host pool), the gateway from `headroom-server`.
@@ -12,6 +13,7 @@
 pub mod audio_vllm;
 pub mod boxfile;
 pub mod budget;
+pub mod cgroup;
 pub mod example;
 pub mod flags;
 pub mod lanes;
@@ -55,6 +57,8 @@ pub enum UpError {
     Model(String),
     #[error("memory probe: {0}")]
     Probe(String),
+    #[error("[memory] enforce: {0}")]
+    Enforce(String),
     #[error("backend `{backend}` {what}")]
     Backend { backend: String, what: String },
     #[error("{0}")]

@@ -107,6 +107,24 @@ pub fn spawn(
     dir: &Path,
     log: &Path,
 ) -> Result<Group, UpError> {
+    spawn_in(backend, extra_args, extra_env, dir, log, None)
+}
+
+/// The shell that puts itself into a cgroup, then becomes the backend: `$0` is the cgroup's
+/// `cgroup.procs`, the arguments are the command. Same PID throughout, so the process group,
+/// the death signal and the watchdog work as without it.
+const JOIN_SCRIPT: &str = "echo $$ > \"$0\" || { echo \"headroom up: cannot join the memory cgroup ($0)\" >&2; exit 125; }; exec \"$@\"";
+
+/// [`spawn`], the backend placed in the cgroup whose `cgroup.procs` is `join` before it runs
+/// (see [`crate::cgroup`]).
+pub fn spawn_in(
+    backend: &BackendConfig,
+    extra_args: &[String],
+    extra_env: &[(String, String)],
+    dir: &Path,
+    log: &Path,
+    join: Option<&Path>,
+) -> Result<Group, UpError> {
     let out = OpenOptions::new()
         .create(true)
         .append(true)
@@ -120,15 +138,24 @@ pub fn spawn(
         source: e,
     })?;
     // Through setpriv when there is one: it sets the death signal and execs the backend, so the
-    // PID (and process group) stay the backend's.
-    let mut cmd = match &death_tie().setpriv {
-        Some(setpriv) => {
-            let mut c = Command::new(setpriv);
-            c.args(["--pdeathsig", "KILL", "--"]).arg(&backend.command);
-            c
-        }
-        None => Command::new(&backend.command),
-    };
+    // PID (and process group) stay the backend's. Through the joining shell before that when
+    // the backend runs in a cgroup.
+    let mut program: Vec<std::ffi::OsString> = Vec::new();
+    if let Some(procs) = join {
+        let sh = on_path("sh").unwrap_or_else(|| PathBuf::from("/bin/sh"));
+        program.extend([sh.into(), "-c".into(), JOIN_SCRIPT.into(), procs.into()]);
+    }
+    if let Some(setpriv) = &death_tie().setpriv {
+        program.extend([
+            setpriv.into(),
+            "--pdeathsig".into(),
+            "KILL".into(),
+            "--".into(),
+        ]);
+    }
+    program.push(backend.command.clone().into());
+    let mut cmd = Command::new(&program[0]);
+    cmd.args(&program[1..]);
     cmd.args(backend.expanded_args())
         .args(extra_args)
         .envs(&backend.env)

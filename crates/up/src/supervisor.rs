@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use headroom_gpu::calibration::{BackendCalibration, Calibration, calibration_path_for};
-use headroom_gpu::{GpuProbe, HostPool, NvmlProbe, Sample, Sampler, SamplerConfig, process_tree};
+use headroom_gpu::{
+    EnforcedPool, GpuProbe, HostPool, NvmlProbe, Sample, Sampler, SamplerConfig, process_tree,
+};
 use headroom_server::admin_box::{BackendReport, BackendState, BoxProvider, BoxReport};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -22,6 +24,7 @@ use crate::UpError;
 use crate::audio_vllm;
 use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, resolve_model};
 use crate::budget::{AudioFootprint, Budget, CoTenants, mib};
+use crate::cgroup::{BoxCgroup, Exit, exit_reason};
 use crate::flags::{self, TextFlags};
 use crate::lanes::{LaneFigures, serve_config};
 use crate::process::{self, Group};
@@ -160,6 +163,8 @@ struct Ctx {
     client: reqwest::Client,
     log_dir: PathBuf,
     started_ms: u64,
+    /// The memory cgroup every backend runs in (`[memory] enforce`).
+    enforced: Option<BoxCgroup>,
 }
 
 impl Ctx {
@@ -169,6 +174,18 @@ impl Ctx {
 
     fn log_path(&self, name: &str) -> PathBuf {
         self.log_dir.join(format!("{name}.log"))
+    }
+
+    /// How a backend that exited during start-up ended: named as an OOM kill where the box's
+    /// cgroup counted one.
+    fn how_it_ended(&self, status: std::process::ExitStatus) -> String {
+        match self.enforced.as_ref().map(|c| c.judge_exit(Some(status))) {
+            Some(Exit::OomKilled) => format!(
+                "was killed by the kernel's OOM killer (the box's memory cgroup reached its limit of {})",
+                mib(self.meter.capacity)
+            ),
+            _ => format!("exited ({status})"),
+        }
     }
 }
 
@@ -202,7 +219,8 @@ async fn run_inner(
             port: config.serve.listen.port(),
             reason: e.to_string(),
         })?;
-    let (meter, probe) = open_meter(&config)?;
+    let enforced = enforce_capacity(&config, &opts)?;
+    let (meter, probe) = open_meter(&config, enforced.as_ref())?;
     let log_dir = match &opts.log_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("headroom-up-{}", std::process::id())),
@@ -211,8 +229,10 @@ async fn run_inner(
         what: format!("log folder {}", log_dir.display()),
         source: e,
     })?;
+    let mut report = initial_report(&config, meter.capacity);
+    report.enforce = enforced.as_ref().and_then(BoxCgroup::report);
     let status = Arc::new(BoxStatus {
-        report: Mutex::new(initial_report(&config, meter.capacity)),
+        report: Mutex::new(report),
     });
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -226,11 +246,18 @@ async fn run_inner(
         client,
         log_dir,
         started_ms: now_ms(),
+        enforced,
     });
     ctx.say(&format!(
         "up: memory pool {} ({}), capacity {}, margin {}, sampling every {} ms; backend logs in {}",
         ctx.meter.kind.as_str(),
-        if ctx.meter.kind == ProbeKind::Host {
+        if let Some(c) = &ctx.enforced {
+            format!(
+                "enforced: every backend in the memory cgroup {} ({}), hard limit = capacity; the pool's use is its working set",
+                c.dir().display(),
+                c.cgroup().version().as_str()
+            )
+        } else if ctx.meter.kind == ProbeKind::Host {
             "process-tree PSS from /proc".to_string()
         } else {
             format!("GPU {}", ctx.meter.device)
@@ -320,7 +347,41 @@ async fn run_inner(
         let _ = handle.await;
         ctx.say(&format!("up: [{name}] stopped"));
     }
+    if let Some(c) = &ctx.enforced {
+        match c.remove() {
+            Ok(killed) if killed.is_empty() => {
+                ctx.say(&format!("up: memory cgroup {} removed", c.dir().display()))
+            }
+            Ok(killed) => ctx.say(&format!(
+                "up: memory cgroup {} removed; killed the processes still inside: {killed:?}",
+                c.dir().display()
+            )),
+            Err(e) => ctx.say(&format!(
+                "up: warning: could not remove the memory cgroup {}: {e}",
+                c.dir().display()
+            )),
+        }
+    }
     served.map_err(|e| UpError::Serve(e.to_string()))
+}
+
+/// With `[memory] enforce`: the box's memory cgroup, limited to the capacity (stale ones of
+/// earlier `up`s removed first). Fails with what is missing and how to enable it.
+fn enforce_capacity(config: &BoxConfig, opts: &UpOptions) -> Result<Option<BoxCgroup>, UpError> {
+    let m = &config.memory;
+    if !m.enforce {
+        return Ok(None);
+    }
+    let capacity = m
+        .capacity
+        .ok_or_else(|| UpError::Enforce("needs a capacity to enforce".into()))?;
+    let name = opts
+        .box_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "box".into());
+    let say = |line: &str| (opts.progress)(line);
+    BoxCgroup::create(&name, capacity, &say).map(Some)
 }
 
 /// Everything that can fail before a process starts: commands, ports, warm-up files, the model.
@@ -341,7 +402,10 @@ fn preflight(config: &BoxConfig) -> Result<(), UpError> {
     Ok(())
 }
 
-fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError> {
+fn open_meter(
+    config: &BoxConfig,
+    enforced: Option<&BoxCgroup>,
+) -> Result<(Meter, Arc<dyn GpuProbe>), UpError> {
     let m = &config.memory;
     let (probe, pool, capacity, device_total): (Arc<dyn GpuProbe>, Option<HostPool>, u64, u64) =
         match m.probe {
@@ -359,7 +423,12 @@ fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError>
                         pool.set_member(url, pid);
                     }
                 }
-                (Arc::new(pool.clone()), Some(pool), capacity, capacity)
+                // Enforced: the pool's use is the cgroup's charge, one read per sample.
+                let probe: Arc<dyn GpuProbe> = match enforced {
+                    Some(c) => Arc::new(EnforcedPool::new(pool.clone(), c.cgroup().clone())),
+                    None => Arc::new(pool.clone()),
+                };
+                (probe, Some(pool), capacity, capacity)
             }
             ProbeKind::Nvml => {
                 let nvml = NvmlProbe::new().map_err(|e| UpError::Probe(e.to_string()))?;
@@ -417,10 +486,12 @@ fn initial_report(config: &BoxConfig, capacity: u64) -> BoxReport {
                 restarts: 0,
                 drifted: false,
                 retry_after_ms: None,
+                restart_reason: None,
                 flags: Vec::new(),
                 plan_check: None,
             })
             .collect(),
+        enforce: None,
     }
 }
 
@@ -615,7 +686,9 @@ async fn start(
 ) -> Result<Group, UpError> {
     ctx.status
         .update(&b.name, |r| r.state = BackendState::Starting);
-    let mut group = process::spawn(b, args, env, &ctx.config.dir, &ctx.log_path(&b.name))?;
+    let procs = ctx.enforced.as_ref().map(|c| c.cgroup().procs_file());
+    let log = ctx.log_path(&b.name);
+    let mut group = process::spawn_in(b, args, env, &ctx.config.dir, &log, procs.as_deref())?;
     ctx.meter.join(&b.upstream(), group.pid);
     ctx.status.update(&b.name, |r| r.pid = Some(group.pid));
     ctx.say(&format!(
@@ -662,7 +735,8 @@ async fn wait_healthy(
             return Err(UpError::Backend {
                 backend: b.name.clone(),
                 what: format!(
-                    "exited ({status}) before it became healthy; last log line: {}",
+                    "{} before it became healthy; last log line: {}",
+                    ctx.how_it_ended(status),
                     last_line(group)
                 ),
             });
@@ -706,7 +780,8 @@ async fn wait_steady(
             return Err(UpError::Backend {
                 backend: b.name.clone(),
                 what: format!(
-                    "exited ({status}) while being measured; last log line: {}",
+                    "{} while being measured; last log line: {}",
+                    ctx.how_it_ended(status),
                     last_line(group)
                 ),
             });
@@ -1149,12 +1224,20 @@ async fn keep(
         if healthy_since.elapsed() > Duration::from_secs(60) {
             backoff = ctx.config.restart_backoff;
         }
+        let exit = match &ctx.enforced {
+            Some(c) => c.judge_exit(exited),
+            None => Exit::Other(exit_reason(exited)),
+        };
         ctx.say(&format!(
-            "up: [{}] exited ({}); restarting in {:.1} s",
+            "up: [{}] {}; restarting in {:.1} s",
             b.name,
-            exited
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "unknown status".into()),
+            match &exit {
+                Exit::OomKilled => format!(
+                    "was killed by the kernel's OOM killer: the box's memory cgroup reached its limit of {}",
+                    mib(ctx.meter.capacity)
+                ),
+                Exit::Other(reason) => format!("exited ({reason})"),
+            },
             backoff.as_secs_f64()
         ));
         let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
@@ -1162,6 +1245,7 @@ async fn keep(
             r.state = BackendState::Restarting;
             r.pid = None;
             r.retry_after_ms = Some(retry_ms);
+            r.restart_reason = Some(exit.reason());
         });
         // Whatever the group forked goes with it.
         group.stop(Duration::from_secs(2)).await;
@@ -1225,6 +1309,9 @@ async fn monitor(ctx: Arc<Ctx>) {
     let mut reported: BTreeMap<String, bool> = BTreeMap::new();
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Some(c) = &ctx.enforced {
+            ctx.status.lock().enforce = c.report();
+        }
         let rows: Vec<(String, Option<u32>, u64, BackendState)> = ctx
             .status
             .report()

@@ -71,15 +71,24 @@
     var box = document.getElementById("box");
     while (box.firstChild) box.removeChild(box.firstChild);
     var b = s.extras && s.extras.box;
+    if (b && b.enforce) {
+      var e = b.enforce;
+      var p = el("p", "limit " + gib(e.limit_bytes) + " enforced by memory cgroup " + e.version +
+        " " + e.cgroup + ": in use " + gib(e.working_set_bytes) + " (charged " + gib(e.usage_bytes) +
+        "), OOM kills " + e.oom_kills);
+      p.id = "enforce";
+      box.appendChild(p);
+    }
     if (b && b.backends) {
       box.appendChild(el("h3", "Backends"));
-      var t = table("backends", ["backend", "role", "state", "resident", "peak", "restarts"]);
+      var t = table("backends", ["backend", "role", "state", "resident", "peak", "restarts", "last exit"]);
       box.appendChild(t);
       rows("backends", b.backends, function (x) {
         return [{ text: x.name }, { text: x.role }, { text: x.state },
                 { text: x.resident_bytes == null ? "\u2013" : gib(x.resident_bytes) },
                 { text: x.peak_bytes == null ? "\u2013" : gib(x.peak_bytes) },
-                { text: x.restarts }];
+                { text: x.restarts },
+                { text: x.restart_reason || "\u2013" }];
       }, "no backends");
     }
     var ledger = document.getElementById("ledger");
