@@ -2,14 +2,14 @@
 //! stream's requests go, each backend's PID now, the pool's usage and limit, the OOM kills counted
 //! inside it, and where a co-tenant joins the pool.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use headroom_up::boxfile::{BackendConfig, BoxConfig, Engine, Role};
 use serde::Serialize;
 
 use crate::handset::HandSetBox;
-use crate::limit::{MemoryLimit, parse_oom_kills};
+use crate::limit::MemoryLimit;
 use crate::scenario::{Stream, StreamKind};
 use crate::upbox::UpBox;
 
@@ -64,19 +64,6 @@ fn role_str(r: Role) -> &'static str {
     }
 }
 
-/// A cgroup's usage and OOM kills read from its folder (either version), for the box whose
-/// cgroup `up` made.
-fn cgroup_readings(dir: &Path) -> (Option<u64>, Option<u64>) {
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-    let usage = read("memory.current")
-        .or_else(|| read("memory.usage_in_bytes"))
-        .and_then(|t| t.trim().parse().ok());
-    let kills = read("memory.events")
-        .or_else(|| read("memory.oom_control"))
-        .and_then(|t| parse_oom_kills(&t));
-    (usage, kills)
-}
-
 impl Running {
     pub fn mode(&self) -> Mode {
         match self {
@@ -120,11 +107,7 @@ impl Running {
                 let Ok(a) = u.admin().await else {
                     return View::default();
                 };
-                let (usage, kills) = match &a.cgroup {
-                    Some(dir) => cgroup_readings(dir),
-                    None => (None, None),
-                };
-                let oom_kills = match a.oom_kills.or(kills) {
+                let oom_kills = match a.oom_kills {
                     Some(k) => Some(k),
                     None => u.metrics_oom_kills().await,
                 };
@@ -140,7 +123,7 @@ impl Running {
                                 .filter(|_| b.state != "restarting" && b.state != "failed"),
                         })
                         .collect(),
-                    pool_bytes: a.usage_bytes.or(usage),
+                    pool_bytes: a.usage_bytes,
                     limit_bytes: a.limit_bytes,
                     oom_kills,
                     procs_file: a.cgroup.as_ref().map(|d| d.join("cgroup.procs")),
@@ -195,6 +178,7 @@ pub fn backend_for<'a>(
 mod tests {
     use super::*;
     use crate::scenario::Night;
+    use std::path::Path;
 
     const BOX: &str = r#"
 [memory]

@@ -464,6 +464,15 @@ mod tests {
     }
 
     #[test]
+    fn the_example_plan_parses() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/cpu-box.hand-set.toml");
+        let p = HandSetPlan::load(&path).unwrap();
+        assert_eq!(p.text, TextChoice::Share(0.45));
+        assert!(p.restart && !p.rationale.is_empty());
+    }
+
+    #[test]
     fn an_engine_is_wrapped_to_join_the_limit_first_and_keep_its_pid() {
         let b = BackendConfig {
             name: "llm".into(),

@@ -237,8 +237,14 @@ pub async fn run(
     let running = match &plan {
         Some(plan) => {
             let limit: Arc<dyn limit::MemoryLimit> = if host_pool {
+                let name = opts
+                    .box_path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 Arc::new(
-                    limit::Cgroup::create("handset", capacity).map_err(DrillError::Environment)?,
+                    limit::hand_set_cgroup(&name, capacity, say.as_ref())
+                        .map_err(DrillError::Environment)?,
                 )
             } else {
                 return Err(DrillError::BadInput(
@@ -450,12 +456,16 @@ async fn drive(
             arrivals: s.arrivals,
             deadline: s.deadline,
             seq: Arc::new(AtomicU64::new(0)),
+            sent: Arc::new(AtomicU64::new(0)),
         })
         .collect();
 
     // Idle: each stream alone, one unmeasured warm-up per backend first.
     let mut warmed = std::collections::BTreeSet::new();
     for (i, lane) in lanes.iter().enumerate() {
+        if *cancel.borrow() {
+            break;
+        }
         let warmup = u32::from(warmed.insert(backend_names[i].clone()));
         say(&format!(
             "drill: idle {} ({} request(s) one at a time)",
@@ -514,7 +524,9 @@ async fn drive(
             });
         }
         let before = records.lock().expect("records lock").len();
-        traffic.round(&lanes, round, schedule.active).await;
+        traffic
+            .round(&lanes, round, schedule.active, round + 1 == schedule.rounds)
+            .await;
         let ok = records.lock().expect("records lock")[before..]
             .iter()
             .filter(|r| r.outcome == client::Final::Ok)
@@ -649,15 +661,16 @@ fn finish(
     };
     let enforced =
         d.recorded.limit_bytes.is_some() && samples.iter().any(|s| s.pool_bytes.is_some());
-    let mut floors = Vec::new();
-    let mut thr = Vec::new();
-    for (i, (a, b)) in d.gaps.iter().enumerate() {
-        if let Some(f) = watch::floor(samples, *a, *b) {
-            floors.push(f);
-            thr.push(d.throughputs.get(i).copied().unwrap_or(0.0));
-        }
-    }
-    let floors_f: Vec<f64> = floors.iter().map(|f| *f as f64).collect();
+    let stitched = watch::stitched_floors(samples, &d.recorded.changes, &d.gaps);
+    let floors: Vec<u64> = stitched.iter().map(|(_, f, _)| *f).collect();
+    let floors_f: Vec<f64> = stitched
+        .iter()
+        .map(|(_, f, shift)| *f as f64 + *shift as f64)
+        .collect();
+    let thr: Vec<f64> = stitched
+        .iter()
+        .map(|(i, _, _)| d.throughputs.get(*i).copied().unwrap_or(0.0))
+        .collect();
     let (leak_verdict, leak, leak_reason) = match headroom_gpu::verdict(&floors_f, &thr) {
         Ok(l) => (l.verdict.to_string(), Some(l.clone()), l.reason.clone()),
         Err(e) => ("inconclusive".to_string(), None, e.to_string()),
@@ -764,4 +777,161 @@ fn write(
     }
     std::fs::write(&jsonl, lines).map_err(|e| io(&jsonl, e))?;
     Ok(vec![json, md, svg, jsonl])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{Attempt, End, Final};
+
+    fn opts() -> DrillOptions {
+        DrillOptions {
+            box_path: "box.toml".into(),
+            scenario_path: "night.toml".into(),
+            duration: Duration::from_secs(60),
+            report_dir: "out".into(),
+            hand_set: None,
+            expect: None,
+            exe: "headroom".into(),
+            up_args: Vec::new(),
+            api_key: None,
+            without: None,
+            ready_timeout: Duration::from_secs(1),
+            progress: Arc::new(|_| {}),
+        }
+    }
+
+    fn ok(stream: usize, round: Option<u32>, start: f64, secs: f64) -> Record {
+        Record {
+            stream,
+            seq: 0,
+            round,
+            attempts: vec![Attempt {
+                start_s: start,
+                secs,
+                end: End::Ok {
+                    tokens: Some(20),
+                    first_s: Some(0.1),
+                },
+            }],
+            outcome: Final::Ok,
+        }
+    }
+
+    /// The issue's top-level fields, and each lane's, are in report.json under these names.
+    #[test]
+    fn the_report_json_has_the_stable_fields() {
+        let night = Night::parse(
+            r#"
+name = "n"
+rounds = 6
+[[stream]]
+name = "dictation"
+kind = "transcription"
+clip = "c.wav"
+per_minute = 6
+[[stream]]
+name = "cleanup"
+kind = "chat"
+workers = 1
+"#,
+            Path::new("/"),
+        )
+        .unwrap();
+        let mut records = vec![ok(0, None, 0.0, 0.3), ok(1, None, 1.0, 2.0)];
+        let mut samples = Vec::new();
+        let mut gaps = Vec::new();
+        for r in 0..6u32 {
+            let t = 10.0 + 10.0 * f64::from(r);
+            records.push(ok(0, Some(r), t, 0.35));
+            records.push(ok(1, Some(r), t, 2.5));
+            for k in 0..3 {
+                samples.push(watch::MemSample {
+                    t_s: t + 7.0 + f64::from(k),
+                    backends: [
+                        ("whisper".to_string(), Some(200 << 20)),
+                        ("llm".to_string(), Some(500 << 20)),
+                    ]
+                    .into_iter()
+                    .collect(),
+                    pool_bytes: Some(720 << 20),
+                    co_tenant_bytes: None,
+                    oom_kills: Some(0),
+                });
+            }
+            gaps.push((t + 6.5, t + 9.5));
+        }
+        let driven = Driven {
+            records,
+            faults: Vec::new(),
+            recorded: watch::Recorded {
+                samples,
+                changes: Vec::new(),
+                last: boxes::View::default(),
+                limit_bytes: Some(1 << 30),
+            },
+            gaps,
+            throughputs: vec![0.2; 6],
+            night_start_s: 9.0,
+            night_s: 60.0,
+            oom_at_start: Some(0),
+            busy_after_night: Vec::new(),
+            exits: Vec::new(),
+        };
+        let names = ["whisper".to_string(), "llm".to_string()];
+        let (report, _, _) = finish(
+            &opts(),
+            &night,
+            Mode::Up,
+            true,
+            driven,
+            serde_json::json!({}),
+            &[],
+            &names,
+        );
+        let v = serde_json::to_value(&report).unwrap();
+        for k in [
+            "oom_kills",
+            "lost",
+            "refusals",
+            "refusals_without_retry_after",
+            "retries_after_retry_after_served",
+            "leak_verdict",
+            "text_goodput_tokens_per_second",
+            "lanes",
+            "verdicts",
+            "passed",
+        ] {
+            assert!(v.get(k).is_some(), "{k} missing");
+        }
+        for lane in ["dictation", "cleanup"] {
+            for k in [
+                "requests",
+                "ok",
+                "p50_s",
+                "p95_s",
+                "p99_s",
+                "idle_p50_s",
+                "p99_ratio_to_idle",
+            ] {
+                assert!(v["lanes"][lane].get(k).is_some(), "{lane}.{k} missing");
+            }
+        }
+        assert_eq!(v["oom_kills"], 0);
+        assert_eq!(v["lanes"]["dictation"]["requests"], 6);
+        assert_eq!(v["leak_verdict"], "no_leak", "{}", v["leak_reason"]);
+        // 6 rounds × 20 tokens over a 60 s night.
+        assert!((v["text_goodput_tokens_per_second"].as_f64().unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(
+            v["passed"],
+            true,
+            "{}",
+            serde_json::to_string_pretty(&v["verdicts"]).unwrap()
+        );
+        // The Markdown and the timeline are drawn from it.
+        let md = report::markdown(&report);
+        assert!(md.contains("| dictation | transcription | 6 | 6 |"), "{md}");
+        let svg = timeline::svg(&report, &[], &[], &["dictation".into(), "cleanup".into()]);
+        assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
+    }
 }

@@ -66,6 +66,8 @@ pub struct Lane {
     pub arrivals: Arrivals,
     pub deadline: Duration,
     pub seq: Arc<AtomicU64>,
+    /// Requests the night has sent on this lane so far.
+    pub sent: Arc<AtomicU64>,
 }
 
 /// Everything requests write to.
@@ -109,8 +111,9 @@ impl Traffic {
     }
 
     /// The active part of round `round` for every lane: returns once the last request of the
-    /// round is answered.
-    pub async fn round(&self, lanes: &[Lane], round: u32, active: Duration) {
+    /// round is answered. In the `last` round a Poisson lane that has sent nothing yet sends one
+    /// request at its start, so a rare stream of a short night is still measured.
+    pub async fn round(&self, lanes: &[Lane], round: u32, active: Duration, last: bool) {
         let until = Instant::now() + active;
         let mut tasks = tokio::task::JoinSet::new();
         for lane in lanes {
@@ -125,6 +128,16 @@ impl Traffic {
                         let mut rng = Rng::new(seed);
                         let mut inner = tokio::task::JoinSet::new();
                         let mut at = Instant::now();
+                        if last && lane.sent.load(Ordering::Relaxed) == 0 {
+                            lane.sent.fetch_add(1, Ordering::Relaxed);
+                            let me = me.clone();
+                            let lane = lane.clone();
+                            let mut r = Rng::new(rng.next_u64());
+                            inner.spawn(async move {
+                                let rec = me.one(&lane, Some(round), &mut r).await;
+                                me.records.lock().expect("records lock").push(rec);
+                            });
+                        }
                         loop {
                             at +=
                                 Duration::from_secs_f64(next_gap(&mut rng, per_minute / 60.0, 1.0));
@@ -132,6 +145,7 @@ impl Traffic {
                                 break;
                             }
                             tokio::time::sleep_until(at.into()).await;
+                            lane.sent.fetch_add(1, Ordering::Relaxed);
                             let me = me.clone();
                             let lane = lane.clone();
                             let mut r = Rng::new(rng.next_u64());
@@ -155,6 +169,7 @@ impl Traffic {
                                 .mul_f64(f64::from(w) / f64::from(workers));
                             tokio::time::sleep(spread).await;
                             while Instant::now() < until {
+                                lane.sent.fetch_add(1, Ordering::Relaxed);
                                 let rec = me.one(&lane, Some(round), &mut rng).await;
                                 me.records.lock().expect("records lock").push(rec);
                                 let left = until.saturating_duration_since(Instant::now());

@@ -446,20 +446,30 @@ pub fn markdown(r: &Report) -> String {
             + " MiB"
     ));
     if !r.exits.is_empty() {
-        o.push_str("Backend exits: ");
+        o.push_str("Backend exits (s into the night): ");
         let list: Vec<String> = r
             .exits
             .iter()
-            .map(|e| format!("{} at {:.0} s ({})", e.backend, e.at_s, e.how))
+            .map(|e| {
+                format!(
+                    "{} at {:.0} s ({})",
+                    e.backend,
+                    e.at_s - r.night_start_s,
+                    e.how
+                )
+            })
             .collect();
         o.push_str(&list.join("; "));
         o.push_str("\n\n");
     }
-    o.push_str("| fault | at s | on | what happened |\n|---|---|---|---|\n");
+    o.push_str("Times are seconds into the night.\n\n| fault | at s | on | what happened |\n|---|---|---|---|\n");
     for f in &r.faults {
         o.push_str(&format!(
             "| {} | {:.0} | {} | {} |\n",
-            f.kind, f.at_s, f.target, f.outcome
+            f.kind,
+            f.at_s - r.night_start_s,
+            f.target,
+            f.outcome
         ));
     }
     o.push_str("\n![timeline](timeline.svg)\n");

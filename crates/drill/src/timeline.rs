@@ -221,13 +221,13 @@ pub fn svg(report: &Report, records: &[Record], gaps: &Gaps, streams: &[String])
     }
     let _ = writeln!(
         o,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">orange refused with Retry-After · brown refused without · blue stream stopped · purple failed · red lost; time (s) from the night's start</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">orange: refused with Retry-After · brown: without · blue: stopped · purple: failed · red: lost</text>"#,
         (f.x0 + f.x1) / 2.0,
         ev.1 + 20.0
     );
     let _ = writeln!(
         o,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">ticks every {} s</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">time (s) from the night's start, ticks every {} s</text>"#,
         (f.x0 + f.x1) / 2.0,
         ev.1 + 36.0,
         headroom_bench::svg::fmt_tick(tstep)

@@ -86,8 +86,11 @@ impl AdminBox {
         });
         let limit_bytes =
             find_key(&top, &["limit_bytes", "memory_limit_bytes"]).and_then(|x| x.as_u64());
-        let usage_bytes =
-            find_key(&top, &["usage_bytes", "cgroup_usage_bytes"]).and_then(|x| x.as_u64());
+        // Under enforcement the pool's reading is the working set (the charge less inactive
+        // file cache); the box set up by hand is read the same way.
+        let usage_bytes = find_key(&top, &["working_set_bytes"])
+            .or_else(|| find_key(&top, &["usage_bytes"]))
+            .and_then(|x| x.as_u64());
         Ok(AdminBox {
             backends,
             oom_kills,
@@ -314,7 +317,7 @@ mod tests {
     fn admin_box_reads_backends_and_finds_enforcement_fields_wherever_they_are() {
         let v: serde_json::Value = serde_json::from_str(
             r#"{"probe":"host","capacity_bytes":1073741824,
-                "enforce":{"cgroup":{"path":"/sys/fs/cgroup/memory/headroom-up-1"},"oom_kills":2,"limit_bytes":1073741824,"usage_bytes":900000000},
+                "enforce":{"cgroup":"/sys/fs/cgroup/memory/headroom-up-1","version":"v1","oom_kills":2,"limit_bytes":1073741824,"usage_bytes":900000000,"working_set_bytes":800000000},
                 "backends":[{"name":"whisper","role":"audio","pid":22272,"state":"ready","restarts":1},
                             {"name":"llm","role":"text","pid":null,"state":"restarting","restarts":0}]}"#,
         )
@@ -331,6 +334,11 @@ mod tests {
             Some(PathBuf::from("/sys/fs/cgroup/memory/headroom-up-1"))
         );
         assert_eq!(a.limit_bytes, Some(1 << 30));
+        assert_eq!(
+            a.usage_bytes,
+            Some(800_000_000),
+            "the working set is the pool's reading"
+        );
         // Today's /admin/box (no enforcement): nothing invented.
         let plain: serde_json::Value = serde_json::from_str(
             r#"{"probe":"host","backends":[{"name":"w","role":"audio","pid":1,"state":"ready","restarts":0}]}"#,

@@ -118,6 +118,37 @@ pub fn floor(samples: &[MemSample], from: f64, to: f64) -> Option<u64> {
         .min()
 }
 
+/// The floors of the quiet gaps `[(from, to)]`, one per gap with a whole reading, stitched across
+/// restarts: a backend restarted (killed by a fault, or by the kernel) starts again from its
+/// load-time memory, which would read as a fall, or a rise, of the floor that no leak made. The
+/// leak verdict depends only on differences between floors, so after a restart the series is
+/// shifted to go on from the last floor before it: a leak shows within each stretch of the same
+/// processes, and a restart neither hides one nor makes one.
+pub fn stitched_floors(
+    samples: &[MemSample],
+    changes: &[PidChange],
+    gaps: &[(f64, f64)],
+) -> Vec<(usize, u64, i64)> {
+    let mut out = Vec::new();
+    let mut shift: i64 = 0;
+    let mut last: Option<(f64, u64)> = None;
+    for (i, (from, to)) in gaps.iter().enumerate() {
+        let Some(f) = floor(samples, *from, *to) else {
+            continue;
+        };
+        if let Some((prev_to, prev_floor)) = last
+            && changes
+                .iter()
+                .any(|c| c.from.is_some() && c.t_s > prev_to && c.t_s <= *to)
+        {
+            shift = (prev_floor as i64 + shift) - f as i64;
+        }
+        out.push((i, f, shift));
+        last = Some((*to, f));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +163,31 @@ mod tests {
             co_tenant_bytes: None,
             oom_kills: None,
         }
+    }
+
+    #[test]
+    fn a_restart_between_gaps_is_stitched_out_of_the_floors() {
+        let samples = vec![
+            s(1.0, Some(100), Some(50)),
+            s(11.0, Some(102), Some(50)),
+            // b killed at 15 s and restarted smaller.
+            s(21.0, Some(104), Some(10)),
+            s(31.0, Some(106), Some(10)),
+        ];
+        let gaps = [(0.0, 2.0), (10.0, 12.0), (20.0, 22.0), (30.0, 32.0)];
+        let changes = vec![PidChange {
+            backend: "b".into(),
+            t_s: 15.0,
+            from: Some(7),
+            to: Some(8),
+        }];
+        let f = stitched_floors(&samples, &changes, &gaps);
+        let series: Vec<i64> = f.iter().map(|(_, v, shift)| *v as i64 + shift).collect();
+        // The rise of 2 a gap goes on; the 40 lost at the restart does not show.
+        assert_eq!(series, vec![150, 152, 152, 154]);
+        // Without a restart nothing moves.
+        let plain = stitched_floors(&samples, &[], &gaps);
+        assert!(plain.iter().all(|(_, _, shift)| *shift == 0));
     }
 
     #[test]
