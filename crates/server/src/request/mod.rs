@@ -92,6 +92,8 @@ struct Facts<'a> {
     texts: Vec<Cow<'a, str>>,
     token_ids: u64,
     max_tokens: Option<(&'static str, u64)>,
+    /// A speech request's input length and speed.
+    speech: Option<crate::inspect::SpeechAsk>,
     /// The body is JSON (forwarded as received unless a step rewrites it).
     json: bool,
     audio_param: &'static str,
@@ -165,6 +167,7 @@ pub(crate) async fn handle(
     let lane = lane::choose(&targets, route, &facts)?;
     limits::check(lane, route, &facts, bytes.len()).await?;
     let assumed_duration = limits::assume_unknown_duration(lane, &mut facts);
+    limits::speech_seconds(lane, &mut facts);
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes.clone());
     let deadline = admit::deadline(arrival, lane, asked.timeout);
     // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
