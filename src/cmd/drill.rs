@@ -134,10 +134,12 @@ pub fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     let (cancel_tx, cancel) = tokio::sync::watch::channel(false);
     let outcome = runtime.block_on(async move {
         let interrupt = async {
-            let _ = tokio::signal::ctrl_c().await;
-            eprintln!("drill: Ctrl-C: the night ends after this round (again to stop at once)");
+            stop_signal().await;
+            eprintln!(
+                "drill: interrupted: the night ends after this round (again to stop at once)"
+            );
             let _ = cancel_tx.send(true);
-            let _ = tokio::signal::ctrl_c().await;
+            stop_signal().await;
         };
         tokio::select! {
             r = headroom_drill::run(opts, cancel) => Some(r),
@@ -174,6 +176,22 @@ pub fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::from(e.exit_code()))
         }
+    }
+}
+
+/// Ctrl-C or SIGTERM (`timeout`, a service manager).
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
     }
 }
 

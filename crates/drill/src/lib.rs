@@ -377,8 +377,8 @@ struct Driven {
     faults: Vec<FaultRecord>,
     recorded: watch::Recorded,
     gaps: Vec<(f64, f64)>,
-    /// Per round: ok requests per second of its active part.
-    throughputs: Vec<f64>,
+    /// The active part of a round, seconds.
+    active_s: f64,
     night_start_s: f64,
     night_s: f64,
     oom_at_start: Option<u64>,
@@ -500,7 +500,7 @@ async fn drive(
     let fault_records = Arc::new(Mutex::new(Vec::new()));
     let mut fault_tasks = tokio::task::JoinSet::new();
     let mut gaps = Vec::new();
-    let mut throughputs = Vec::new();
+    let mut pending = Vec::new();
     for round in 0..schedule.rounds {
         if *cancel.borrow() {
             say("drill: interrupted; ending the night here");
@@ -523,25 +523,39 @@ async fn drive(
                 out.lock().expect("faults lock").push(rec);
             });
         }
-        let before = records.lock().expect("records lock").len();
-        traffic
-            .round(&lanes, round, schedule.active, round + 1 == schedule.rounds)
-            .await;
-        let ok = records.lock().expect("records lock")[before..]
-            .iter()
-            .filter(|r| r.outcome == client::Final::Ok)
-            .count();
-        throughputs.push(ok as f64 / schedule.active.as_secs_f64().max(1e-9));
+        // The round's traffic runs on its own; the night waits for its answers at most a
+        // quarter of a round, so a box that stalls cannot stretch the night without end. A gap
+        // some request was still in flight in is not quiet: its floor is left out.
+        let round_traffic = {
+            let traffic = traffic.clone();
+            let lanes = lanes.clone();
+            let last = round + 1 == schedule.rounds;
+            let active = schedule.active;
+            tokio::spawn(async move { traffic.round(&lanes, round, active, last).await })
+        };
+        tokio::time::sleep(schedule.active).await;
+        let drain = (schedule.active + schedule.gap) / 4;
+        let mut round_traffic = round_traffic;
+        if tokio::time::timeout(drain, &mut round_traffic)
+            .await
+            .is_err()
+        {
+            pending.push(round_traffic);
+        }
         let quiet = clock.elapsed().as_secs_f64();
         tokio::time::sleep(schedule.gap).await;
         gaps.push((quiet, clock.elapsed().as_secs_f64()));
         say(&format!(
-            "drill: round {}/{} done at {:.0} s ({} requests so far)",
+            "drill: round {}/{} done at {:.0} s ({} requests answered so far)",
             round + 1,
             schedule.rounds,
             night_start.elapsed().as_secs_f64(),
             records.lock().expect("records lock").len()
         ));
+    }
+    // The last answers (each bounded by its stream's deadline).
+    for p in pending {
+        let _ = p.await;
     }
     while fault_tasks.join_next().await.is_some() {}
     let night_s = night_start.elapsed().as_secs_f64();
@@ -576,7 +590,7 @@ async fn drive(
         faults,
         recorded,
         gaps,
-        throughputs,
+        active_s: schedule.active.as_secs_f64(),
         night_start_s,
         night_s,
         oom_at_start,
@@ -661,15 +675,35 @@ fn finish(
     };
     let enforced =
         d.recorded.limit_bytes.is_some() && samples.iter().any(|s| s.pool_bytes.is_some());
-    let stitched = watch::stitched_floors(samples, &d.recorded.changes, &d.gaps);
+    // A gap is quiet when no night request was in flight in it.
+    let quiet: Vec<(f64, f64)> = d
+        .gaps
+        .iter()
+        .map(|&(a, b)| {
+            let busy = d
+                .records
+                .iter()
+                .any(|r| r.round.is_some() && r.sent_s() < b && r.ended_s() > a);
+            if busy { (f64::NAN, f64::NAN) } else { (a, b) }
+        })
+        .collect();
+    let stitched = watch::stitched_floors(samples, &d.recorded.changes, &quiet);
     let floors: Vec<u64> = stitched.iter().map(|(_, f, _)| *f).collect();
     let floors_f: Vec<f64> = stitched
         .iter()
         .map(|(_, f, shift)| *f as f64 + *shift as f64)
         .collect();
+    // Each round's throughput: its completed requests per second of its active part.
     let thr: Vec<f64> = stitched
         .iter()
-        .map(|(i, _, _)| d.throughputs.get(*i).copied().unwrap_or(0.0))
+        .map(|(i, _, _)| {
+            let ok = d
+                .records
+                .iter()
+                .filter(|r| r.round == Some(*i as u32) && r.outcome == client::Final::Ok)
+                .count();
+            ok as f64 / d.active_s.max(1e-9)
+        })
         .collect();
     let (leak_verdict, leak, leak_reason) = match headroom_gpu::verdict(&floors_f, &thr) {
         Ok(l) => (l.verdict.to_string(), Some(l.clone()), l.reason.clone()),
@@ -871,7 +905,7 @@ workers = 1
                 limit_bytes: Some(1 << 30),
             },
             gaps,
-            throughputs: vec![0.2; 6],
+            active_s: 6.0,
             night_start_s: 9.0,
             night_s: 60.0,
             oom_at_start: Some(0),
