@@ -524,8 +524,8 @@ async fn drive(
             });
         }
         // The round's traffic runs on its own; the night waits for its answers at most a
-        // quarter of a round, so a box that stalls cannot stretch the night without end. A gap
-        // some request was still in flight in is not quiet: its floor is left out.
+        // third of a round, so a box that stalls cannot stretch the night without end. A gap's
+        // floor is read once the last request in flight has its answer.
         let round_traffic = {
             let traffic = traffic.clone();
             let lanes = lanes.clone();
@@ -534,7 +534,7 @@ async fn drive(
             tokio::spawn(async move { traffic.round(&lanes, round, active, last).await })
         };
         tokio::time::sleep(schedule.active).await;
-        let drain = (schedule.active + schedule.gap) / 4;
+        let drain = (schedule.active + schedule.gap) / 3;
         let mut round_traffic = round_traffic;
         if tokio::time::timeout(drain, &mut round_traffic)
             .await
@@ -675,16 +675,23 @@ fn finish(
     };
     let enforced =
         d.recorded.limit_bytes.is_some() && samples.iter().any(|s| s.pool_bytes.is_some());
-    // A gap is quiet when no night request was in flight in it.
+    // The quiet part of each gap: from the last answer of a request still in flight when it
+    // began (none is sent in a gap) to its end; empty when a request outlived the gap.
     let quiet: Vec<(f64, f64)> = d
         .gaps
         .iter()
         .map(|&(a, b)| {
-            let busy = d
+            let from = d
                 .records
                 .iter()
-                .any(|r| r.round.is_some() && r.sent_s() < b && r.ended_s() > a);
-            if busy { (f64::NAN, f64::NAN) } else { (a, b) }
+                .filter(|r| r.round.is_some() && r.sent_s() < b && r.ended_s() > a)
+                .map(Record::ended_s)
+                .fold(a, f64::max);
+            if from < b {
+                (from, b)
+            } else {
+                (f64::NAN, f64::NAN)
+            }
         })
         .collect();
     let stitched = watch::stitched_floors(samples, &d.recorded.changes, &quiet);

@@ -309,6 +309,27 @@ pub fn verdicts(e: &Evidence) -> Vec<Verdict> {
             },
         );
     }
+    // Audio that was refused until the client gave up is audio the user never got, even when
+    // every refusal was polite: the served requests' latency alone would not show it.
+    let unserved: Vec<String> = e
+        .lanes
+        .iter()
+        .filter(|(_, l)| l.kind != "chat")
+        .filter(|(_, l)| l.requests > l.ok)
+        .map(|(n, l)| format!("{n} {} of {}", l.requests - l.ok, l.requests))
+        .collect();
+    push(
+        "audio_requests_served",
+        unserved.is_empty(),
+        if unserved.is_empty() {
+            "every audio request of the night was served (after its retries)".into()
+        } else {
+            format!(
+                "not served in the end (refused, failed or lost): {}",
+                unserved.join(", ")
+            )
+        },
+    );
     push(
         "refusals_carry_retry_after",
         e.refusals_without_retry_after == 0,
@@ -750,6 +771,16 @@ workers = 1
                 ..evidence(&l)
             }),
             vec!["nothing_lost"]
+        );
+        // An audio lane whose requests were refused until the client gave up.
+        let mut refused = l.clone();
+        refused.get_mut("dictation").unwrap().requests += 3;
+        assert_eq!(broken(&evidence(&refused)), vec!["audio_requests_served"]);
+        let mut text = l.clone();
+        text.get_mut("cleanup").unwrap().requests += 3;
+        assert!(
+            broken(&evidence(&text)).is_empty(),
+            "text may be refused: it gives way"
         );
         assert_eq!(
             broken(&Evidence {
