@@ -44,6 +44,9 @@ pub struct DrillArgs {
     /// API key for the gateway (default: the box file's first `api_keys`).
     #[arg(long, env = "HEADROOM_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Requests per stream in the idle measurement (default: the night file's `[idle] requests`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub idle_requests: Option<u32>,
     /// Longest wait for the box to be ready (up measures its backends first).
     #[arg(long, value_name = "DURATION", default_value = "15m")]
     pub ready_timeout: String,
@@ -121,6 +124,7 @@ pub fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         exe: std::env::current_exe().context("cannot find the headroom binary itself")?,
         up_args: args.up_args,
         api_key: args.api_key,
+        idle_requests: args.idle_requests,
         without: args.without.map(|w| match w {
             WithoutArg::Admission => Without::Admission,
         }),

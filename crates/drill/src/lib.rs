@@ -96,6 +96,8 @@ pub struct DrillOptions {
     pub up_args: Vec<String>,
     pub api_key: Option<String>,
     pub without: Option<Without>,
+    /// Overrides the night file's `[idle] requests`.
+    pub idle_requests: Option<u32>,
     /// Longest wait for the box to be ready.
     pub ready_timeout: Duration,
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
@@ -201,7 +203,11 @@ pub async fn run(
     cancel: tokio::sync::watch::Receiver<bool>,
 ) -> Result<DrillOutcome, DrillError> {
     let say = Arc::clone(&opts.progress);
-    let night = Arc::new(Night::load(&opts.scenario_path).map_err(|e| DrillError::BadInput(e.0))?);
+    let mut night = Night::load(&opts.scenario_path).map_err(|e| DrillError::BadInput(e.0))?;
+    if let Some(n) = opts.idle_requests {
+        night.idle_requests = n;
+    }
+    let night = Arc::new(night);
     let config =
         BoxConfig::load(&opts.box_path).map_err(|e| DrillError::BadInput(e.to_string()))?;
     let plan = match &opts.hand_set {
@@ -837,6 +843,7 @@ mod tests {
             up_args: Vec::new(),
             api_key: None,
             without: None,
+            idle_requests: None,
             ready_timeout: Duration::from_secs(1),
             progress: Arc::new(|_| {}),
         }
