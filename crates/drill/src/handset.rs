@@ -474,25 +474,14 @@ mod tests {
 
     #[test]
     fn an_engine_is_wrapped_to_join_the_limit_first_and_keep_its_pid() {
-        let b = BackendConfig {
-            name: "llm".into(),
-            role: Role::Text,
-            engine: Engine::LlamaCpp,
-            command: PathBuf::from("/venv/bin/python"),
-            args: vec!["server.py".into(), "--port".into(), "{port}".into()],
-            env: BTreeMap::new(),
-            port: 19601,
-            health: "/health".into(),
-            ready_timeout: Duration::from_secs(1),
-            steady_window: Duration::from_secs(1),
-            steady_timeout: Duration::from_secs(1),
-            warmup: None,
-            text: None,
-            audio_vllm: None,
-            stop_grace: Duration::from_secs(1),
-        };
+        let config = BoxConfig::parse(
+            "[memory]\nprobe = \"host\"\ncapacity = \"1GiB\"\n[[backends]]\nname = \"llm\"\nrole = \"text\"\nengine = \"llamacpp\"\ncommand = \"/venv/bin/python\"\nargs = [\"server.py\", \"--port\", \"{port}\"]\nport = 19601\nmodel = \"m.gguf\"\n[serve]\nlisten = \"127.0.0.1:19690\"\n",
+            Path::new("/"),
+        )
+        .unwrap();
+        let b = &config.backends[0];
         let w = inside(
-            &b,
+            b,
             Path::new("/cg/cgroup.procs"),
             &["-c".into(), "8192".into()],
         );

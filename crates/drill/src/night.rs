@@ -98,6 +98,17 @@ impl Traffic {
         .await
     }
 
+    /// Sends one request of `lane` in round `round` on its own task, its record kept.
+    fn spawn_one(&self, tasks: &mut tokio::task::JoinSet<()>, lane: &Lane, round: u32, seed: u64) {
+        lane.sent.fetch_add(1, Ordering::Relaxed);
+        let me = self.clone();
+        let lane = lane.clone();
+        tasks.spawn(async move {
+            let rec = me.one(&lane, Some(round), &mut Rng::new(seed)).await;
+            me.records.lock().expect("records lock").push(rec);
+        });
+    }
+
     /// Sends `n` requests of `lane` one at a time after `warmup` unrecorded ones.
     pub async fn idle(&self, lane: &Lane, warmup: u32, n: u32) {
         let mut rng = Rng::new(self.seed ^ 0x1D1E ^ lane.index as u64);
@@ -129,14 +140,7 @@ impl Traffic {
                         let mut inner = tokio::task::JoinSet::new();
                         let mut at = Instant::now();
                         if last && lane.sent.load(Ordering::Relaxed) == 0 {
-                            lane.sent.fetch_add(1, Ordering::Relaxed);
-                            let me = me.clone();
-                            let lane = lane.clone();
-                            let mut r = Rng::new(rng.next_u64());
-                            inner.spawn(async move {
-                                let rec = me.one(&lane, Some(round), &mut r).await;
-                                me.records.lock().expect("records lock").push(rec);
-                            });
+                            me.spawn_one(&mut inner, &lane, round, rng.next_u64());
                         }
                         loop {
                             at +=
@@ -145,14 +149,7 @@ impl Traffic {
                                 break;
                             }
                             tokio::time::sleep_until(at.into()).await;
-                            lane.sent.fetch_add(1, Ordering::Relaxed);
-                            let me = me.clone();
-                            let lane = lane.clone();
-                            let mut r = Rng::new(rng.next_u64());
-                            inner.spawn(async move {
-                                let rec = me.one(&lane, Some(round), &mut r).await;
-                                me.records.lock().expect("records lock").push(rec);
-                            });
+                            me.spawn_one(&mut inner, &lane, round, rng.next_u64());
                         }
                         while inner.join_next().await.is_some() {}
                     });

@@ -521,25 +521,34 @@ fn stream(s: RawStream, i: usize, dir: &Path) -> Result<Stream, ScenarioError> {
         return Err(bad(&key("p99_vs_idle"), "give a ratio of at least 1"));
     }
     let p99_vs_idle = s.p99_vs_idle.or(kind.is_audio().then_some(1.5));
-    let unused = |k: &str, present: bool| -> Result<(), ScenarioError> {
-        if present {
-            Err(bad(
-                &key(k),
-                format!("does not apply to a {} stream", kind.as_str()),
-            ))
-        } else {
-            Ok(())
-        }
+    // Keys that belong to another kind of stream are a mistake, not something to ignore.
+    let given = [
+        ("clip", s.clip.is_some()),
+        ("repeat", s.repeat.is_some()),
+        ("chars", s.chars.is_some()),
+        ("voice", s.voice.is_some()),
+        ("format", s.format.is_some()),
+        ("instruction", s.instruction.is_some()),
+        ("input_tokens", s.input_tokens.is_some()),
+        ("max_tokens", s.max_tokens.is_some()),
+        ("stream", s.stream.is_some()),
+    ];
+    let applies: &[&str] = match kind {
+        StreamKind::Transcription => &["clip", "repeat"],
+        StreamKind::Speech => &["chars", "voice", "format", "stream"],
+        StreamKind::Chat => &["instruction", "input_tokens", "max_tokens", "stream"],
     };
+    if let Some((k, _)) = given
+        .iter()
+        .find(|(k, present)| *present && !applies.contains(k))
+    {
+        return Err(bad(
+            &key(k),
+            format!("does not apply to a {} stream", kind.as_str()),
+        ));
+    }
     let payload = match kind {
         StreamKind::Transcription => {
-            unused("chars", s.chars.is_some())?;
-            unused("voice", s.voice.is_some())?;
-            unused("format", s.format.is_some())?;
-            unused("instruction", s.instruction.is_some())?;
-            unused("input_tokens", s.input_tokens.is_some())?;
-            unused("max_tokens", s.max_tokens.is_some())?;
-            unused("stream", s.stream.is_some())?;
             let clip = s
                 .clip
                 .ok_or_else(|| bad(&key("clip"), "a transcription stream needs a WAV clip"))?;
@@ -553,11 +562,6 @@ fn stream(s: RawStream, i: usize, dir: &Path) -> Result<Stream, ScenarioError> {
             }
         }
         StreamKind::Speech => {
-            unused("clip", s.clip.is_some())?;
-            unused("repeat", s.repeat.is_some())?;
-            unused("instruction", s.instruction.is_some())?;
-            unused("input_tokens", s.input_tokens.is_some())?;
-            unused("max_tokens", s.max_tokens.is_some())?;
             let chars = s.chars.unwrap_or(80);
             if !(1..=100_000).contains(&chars) {
                 return Err(bad(&key("chars"), "give 1 to 100000"));
@@ -580,11 +584,6 @@ fn stream(s: RawStream, i: usize, dir: &Path) -> Result<Stream, ScenarioError> {
             }
         }
         StreamKind::Chat => {
-            unused("clip", s.clip.is_some())?;
-            unused("repeat", s.repeat.is_some())?;
-            unused("chars", s.chars.is_some())?;
-            unused("voice", s.voice.is_some())?;
-            unused("format", s.format.is_some())?;
             let input_tokens = s.input_tokens.unwrap_or(200);
             let max_tokens = s.max_tokens.unwrap_or(128);
             if !(1..=1_000_000).contains(&input_tokens) {
