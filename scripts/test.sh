@@ -30,6 +30,8 @@ if [ $e2e = 1 ]; then
   # Chromium for the status page test, promtool for the alert rules (Debian packages).
   scripts/system-deps.sh
   export HEADROOM_REQUIRE_BROWSER=1
+  # The drill's memory-limit test makes a memory cgroup: required here, never skipped.
+  export HEADROOM_REQUIRE_CGROUP=1
   scripts/check-deploy.sh
 fi
 

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod doctor;
 pub mod doctor_live;
+pub mod drill;
 pub mod pipe;
 pub mod plan;
 pub mod plan_hub;
@@ -40,6 +41,11 @@ pub enum Command {
     Top(top::TopArgs),
     /// Read an engine log (or live /metrics with --metrics), name what is wrong and compute the fix.
     Doctor(doctor::DoctorArgs),
+    /// Run a night of mixed voice and text load with faults against a box; report and judge it.
+    Drill(Box<drill::DrillArgs>),
+    /// The co-tenant process of a drill's fault (holds memory, then exits).
+    #[command(name = "drill-co-tenant", hide = true)]
+    DrillCoTenant(drill::CoTenantArgs),
     /// Print a shell completion script: `source <(headroom completions bash)`.
     Completions(shell::CompletionsArgs),
     /// Print the manual page (roff), generated from these very flags: `headroom man | man -l -`.
@@ -113,6 +119,8 @@ pub fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => doctor::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Soak(args) => soak::run(args),
+        Command::Drill(args) => drill::run(*args),
+        Command::DrillCoTenant(args) => drill::co_tenant(args),
         Command::Completions(_) | Command::Man(_) => {
             unreachable!("main answers completions and man: they need the whole command")
         }

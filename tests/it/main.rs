@@ -8,6 +8,7 @@ mod deploy;
 mod doctor;
 mod doctor_cli;
 mod doctor_live;
+mod drill;
 mod fault_upstream;
 mod inputs;
 mod live_vllm;

@@ -1,12 +1,15 @@
 //! SVG charts written by hand (no plotting dependency): the latency CDF per request kind, and GPU
-//! memory over time with the request timeline under it on the same time axis.
+//! memory over time with the request timeline under it on the same time axis. The building blocks
+//! (header, frame and axes, polyline, nice ticks) are public: `headroom drill`'s timeline uses them.
 
 use std::fmt::Write as _;
 
 use crate::report::Report;
 
-const W: f64 = 760.0;
-const PALETTE: &[&str] = &[
+/// Width of every chart.
+pub const W: f64 = 760.0;
+/// Series colours, in order.
+pub const PALETTE: &[&str] = &[
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
 ];
 
@@ -27,7 +30,8 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-fn header(out: &mut String, h: f64, title: &str) {
+/// The SVG head: size, white background and the centred title.
+pub fn header(out: &mut String, h: f64, title: &str) {
     let _ = writeln!(
         out,
         r#"<?xml version="1.0" encoding="UTF-8"?>
@@ -40,7 +44,7 @@ fn header(out: &mut String, h: f64, title: &str) {
 }
 
 /// A "nice" upper bound and tick step for an axis ending at `max`.
-fn nice(max: f64) -> (f64, f64) {
+pub fn nice(max: f64) -> (f64, f64) {
     if !(max.is_finite() && max > 0.0) {
         return (1.0, 0.2);
     }
@@ -54,7 +58,8 @@ fn nice(max: f64) -> (f64, f64) {
     ((max / step).ceil() * step, step)
 }
 
-fn fmt_tick(v: f64) -> String {
+/// A tick label: whole numbers bare, others with up to two decimals.
+pub fn fmt_tick(v: f64) -> String {
     if v.abs() >= 100.0 || v.fract() == 0.0 {
         format!("{v:.0}")
     } else {
@@ -65,24 +70,26 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-struct Frame {
-    x0: f64,
-    x1: f64,
-    y0: f64,
-    y1: f64,
-    xmax: f64,
-    ymax: f64,
-    xmin: f64,
+/// A plotting area in pixels (`x0..x1`, `y0..y1`) and the data ranges it shows.
+pub struct Frame {
+    pub x0: f64,
+    pub x1: f64,
+    pub y0: f64,
+    pub y1: f64,
+    pub xmax: f64,
+    pub ymax: f64,
+    pub xmin: f64,
 }
 
 impl Frame {
-    fn x(&self, v: f64) -> f64 {
+    pub fn x(&self, v: f64) -> f64 {
         self.x0 + (v - self.xmin) / (self.xmax - self.xmin).max(1e-12) * (self.x1 - self.x0)
     }
-    fn y(&self, v: f64) -> f64 {
+    pub fn y(&self, v: f64) -> f64 {
         self.y1 - v / self.ymax.max(1e-12) * (self.y1 - self.y0)
     }
-    fn axes(&self, out: &mut String, xstep: f64, ystep: f64, xlabel: &str, ylabel: &str) {
+    /// Frame, grid, tick labels and axis titles.
+    pub fn axes(&self, out: &mut String, xstep: f64, ystep: f64, xlabel: &str, ylabel: &str) {
         let _ = writeln!(
             out,
             r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#444"/>"##,
@@ -135,7 +142,8 @@ impl Frame {
     }
 }
 
-fn polyline(points: &[(f64, f64)], colour: &str, dashed: bool) -> String {
+/// A line through `points` (pixels).
+pub fn polyline(points: &[(f64, f64)], colour: &str, dashed: bool) -> String {
     let pts: Vec<String> = points
         .iter()
         .map(|(x, y)| format!("{x:.1},{y:.1}"))
