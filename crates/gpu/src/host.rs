@@ -8,16 +8,26 @@
 //! pages shared inside a tree (forked workers, shared libraries) are not counted twice, else the
 //! resident set size (RSS, from `/proc/PID/status`).
 //!
-//! Cost: one `children` read per thread of each tree member plus one `smaps_rollup` read per
-//! process per snapshot — well under a millisecond for a few small trees, so a 20 Hz sampler is
-//! fine. Where `/proc/PID/task/TID/children` is missing (kernels without
-//! `CONFIG_PROC_CHILDREN`), the tree is found by scanning every `/proc/*/stat` instead.
+//! Cost: the pool reads at two rates. Once a second (and whenever a process of the tree has gone)
+//! a member's tree is walked again (one `children` read per thread) and each process's PSS read
+//! from `smaps_rollup` (the kernel walks every mapping for it: the expensive part). In between,
+//! one `pread` of each known process's `statm`, kept open, gives its RSS now; the tree's figure is
+//! that RSS less the shared surplus (RSS − PSS) seen at the last full read, so growth in private
+//! memory (what a job adds) shows at the sampler's rate while shared pages are still counted
+//! once. A member that is one cgroup instead of a tree would read its usage file there: one read
+//! per sample, nothing to walk. Readers of one pool (the supervisor's sampler and serve's memory
+//! feed) can share one reading per period ([`HostPool::share_readings_within`]). Where
+//! `/proc/PID/task/TID/children` is missing (kernels without `CONFIG_PROC_CHILDREN`), the tree is
+//! found by scanning every `/proc/*/stat` instead.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::fs;
+use std::fs::{self, File};
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::probe::{DeviceSnapshot, GpuProbe, ProbeError, ProcessMemory};
 
@@ -219,9 +229,171 @@ pub fn host_mem_total() -> io::Result<u64> {
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
 }
 
+/// How often a member's process tree is walked again (its `children` files: cheap). A tree
+/// whose processes changed is read in full at once.
+pub const TREE_WALK_EVERY: Duration = Duration::from_secs(1);
+/// How often a member's PSS is read again from `smaps_rollup` although its tree did not change
+/// (the kernel walks every mapping of the process for it: the expensive read). Between two, the
+/// shared surplus (RSS − PSS) is taken as unchanged: what a job adds is private memory, which
+/// RSS and PSS count alike.
+pub const PSS_EVERY: Duration = Duration::from_secs(10);
+
+/// The RSS in an open `/proc/PID/statm` (its second field, in pages), read again from the start.
+/// `None` once the process has been reaped (the kernel answers ESRCH for a file opened before).
+fn statm_bytes(statm: &File) -> Option<u64> {
+    let mut buf = [0u8; 160];
+    let n = statm.read_at(&mut buf, 0).ok()?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    let pages: u64 = text.split_ascii_whitespace().nth(1)?.parse().ok()?;
+    Some(pages.saturating_mul(rustix::param::page_size() as u64))
+}
+
+/// One process of a followed tree: its `statm`, kept open so each reading is one `pread` (an
+/// open `/proc` file also stays bound to its process: once that exits the read fails, and a
+/// process that reuses the PID is never read by mistake).
+#[derive(Debug)]
+struct Followed {
+    pid: u32,
+    statm: File,
+    /// RSS − PSS at the last full read: shared pages charged to other processes.
+    surplus: u64,
+}
+
+/// One member's tree as the pool follows it between full reads.
+#[derive(Debug)]
+struct TreeReader {
+    procs: Vec<Followed>,
+    /// When the PSS was read (the last full read).
+    full_at: Instant,
+    /// When the tree was last walked and found unchanged (or read in full).
+    walked_at: Instant,
+}
+
+impl TreeReader {
+    /// Walks `root`'s tree and reads every process in full (PSS where the kernel offers it, else
+    /// RSS); `None` when `root` is gone.
+    fn full(root: u32) -> Option<(TreeReader, u64)> {
+        let now = Instant::now();
+        let mut procs = Vec::new();
+        let mut total = 0u64;
+        for pid in process_tree(root) {
+            let Ok(statm) = File::open(format!("/proc/{pid}/statm")) else {
+                continue;
+            };
+            let Ok(Some(mem)) = proc_memory(pid) else {
+                continue;
+            };
+            let held = mem.pss.unwrap_or(mem.rss);
+            // The surplus is taken against statm's own RSS (the kernel's counters, which can
+            // differ a little from the page walk), so the next fast reading starts from `held`.
+            let rss = statm_bytes(&statm).unwrap_or(mem.rss);
+            total = total.saturating_add(held);
+            procs.push(Followed {
+                pid,
+                statm,
+                surplus: rss.saturating_sub(held),
+            });
+        }
+        let tree = TreeReader {
+            procs,
+            full_at: now,
+            walked_at: now,
+        };
+        (!tree.procs.is_empty()).then_some((tree, total))
+    }
+
+    /// Whether a walk of `root`'s tree finds exactly the processes followed.
+    fn unchanged(&self, root: u32) -> bool {
+        let mut walked = process_tree(root);
+        let mut followed: Vec<u32> = self.procs.iter().map(|p| p.pid).collect();
+        walked.sort_unstable();
+        followed.sort_unstable();
+        walked == followed
+    }
+
+    /// The tree's figure from `statm` alone; `None` when one of its processes has gone (the
+    /// tree changed: walk it again).
+    fn fast(&self) -> Option<u64> {
+        self.procs.iter().try_fold(0u64, |sum, p| {
+            let rss = statm_bytes(&p.statm)?;
+            Some(sum.saturating_add(rss.saturating_sub(p.surplus)))
+        })
+    }
+}
+
+/// How a pool's readings were made, for benchmarks and tests of its cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolReadStats {
+    /// Member readings that walked the tree and read `smaps_rollup`.
+    pub full_reads: u64,
+    /// Tree walks that found the same processes (then read from `statm`).
+    pub walks: u64,
+    /// Member readings from the open `statm` files (walked or not).
+    pub fast_reads: u64,
+    /// Snapshots handed to a reader from the previous one (see
+    /// [`HostPool::share_readings_within`]).
+    pub shared: u64,
+}
+
+/// How often a pool walks trees and reads PSS (the constants; shorter in tests).
+#[derive(Debug, Clone, Copy)]
+struct Periods {
+    walk: Duration,
+    pss: Duration,
+}
+
+const PERIODS: Periods = Periods {
+    walk: TREE_WALK_EVERY,
+    pss: PSS_EVERY,
+};
+
+/// A snapshot kept for the next reader: when it was read, of which members, and the device.
+type LastReading = (Instant, Vec<(String, u32)>, DeviceSnapshot);
+
+/// The reading state of a pool: each member's followed tree and the last snapshot.
+#[derive(Debug, Default)]
+struct PoolReader {
+    trees: HashMap<u32, TreeReader>,
+    last: Option<LastReading>,
+    stats: PoolReadStats,
+}
+
+impl PoolReader {
+    /// The bytes of the tree rooted at `root`: from `statm` while its PSS is recent and its
+    /// processes are the ones followed (walked again every `periods.walk`), else from a full read.
+    fn member_bytes(&mut self, root: u32, now: Instant, periods: Periods) -> u64 {
+        if let Some(tree) = self.trees.get_mut(&root)
+            && now.saturating_duration_since(tree.full_at) < periods.pss
+        {
+            let mut current = true;
+            if now.saturating_duration_since(tree.walked_at) >= periods.walk {
+                current = tree.unchanged(root);
+                tree.walked_at = now;
+                self.stats.walks += u64::from(current);
+            }
+            if current && let Some(bytes) = tree.fast() {
+                self.stats.fast_reads += 1;
+                return bytes;
+            }
+        }
+        self.stats.full_reads += 1;
+        match TreeReader::full(root) {
+            Some((tree, bytes)) => {
+                self.trees.insert(root, tree);
+                bytes
+            }
+            None => {
+                self.trees.remove(&root);
+                0
+            }
+        }
+    }
+}
+
 /// A pool of host RAM of a configured capacity, shared by named members (process trees). As a
 /// [`GpuProbe`] it answers one device, index 0, named `host`. Cloning is cheap and every clone
-/// sees the same members, so the supervisor can add a backend after a sampler took the probe.
+/// sees the same members and readings, so the supervisor can add a backend after a sampler took
+/// the probe.
 #[derive(Debug, Clone)]
 pub struct HostPool {
     inner: Arc<PoolInner>,
@@ -231,15 +403,26 @@ pub struct HostPool {
 struct PoolInner {
     capacity_bytes: u64,
     members: Mutex<BTreeMap<String, u32>>,
+    reader: Mutex<PoolReader>,
+    /// Nanoseconds within which a snapshot is handed to the next reader instead of reading again.
+    share_within_ns: AtomicU64,
+    periods: Periods,
 }
 
 impl HostPool {
     /// A pool of `capacity_bytes` with no members yet.
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::with_periods(capacity_bytes, PERIODS)
+    }
+
+    fn with_periods(capacity_bytes: u64, periods: Periods) -> Self {
         HostPool {
             inner: Arc::new(PoolInner {
                 capacity_bytes,
                 members: Mutex::new(BTreeMap::new()),
+                reader: Mutex::new(PoolReader::default()),
+                share_within_ns: AtomicU64::new(0),
+                periods,
             }),
         }
     }
@@ -254,6 +437,15 @@ impl HostPool {
         self.clone()
     }
 
+    /// Hands a snapshot younger than `within` (with the same members) to the next reader instead
+    /// of reading `/proc` again. Two readers polling every `P` share one reading per period when
+    /// `within` is `P / 2`, whatever their phases; a reading is then at most `within` older than
+    /// the call. Zero (the default) reads on every call.
+    pub fn share_readings_within(&self, within: Duration) {
+        let ns = u64::try_from(within.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.share_within_ns.store(ns, Ordering::Relaxed);
+    }
+
     /// Adds `name` with root `root_pid`, or moves it to a new root (e.g. after a restart).
     pub fn set_member(&self, name: &str, root_pid: u32) {
         self.members().insert(name.to_string(), root_pid);
@@ -264,6 +456,11 @@ impl HostPool {
         self.members().remove(name);
     }
 
+    /// The root PID of `name`, if it is a member.
+    pub fn member(&self, name: &str) -> Option<u32> {
+        self.members().get(name).copied()
+    }
+
     /// The members, by name, with their root PIDs.
     pub fn member_list(&self) -> Vec<(String, u32)> {
         self.members()
@@ -272,24 +469,43 @@ impl HostPool {
             .collect()
     }
 
+    /// How the readings so far were made.
+    pub fn read_stats(&self) -> PoolReadStats {
+        self.reader().stats
+    }
+
     /// The pool's device right now. A member whose root has exited counts 0 bytes and is still
     /// listed (with 0), so a reader sees that it is gone rather than a missing row.
     pub fn device(&self) -> DeviceSnapshot {
-        // Copy the members out so /proc is never read under the lock.
+        // Copy the members out so that setting one never waits for a /proc read.
         let members = self.member_list();
+        let share = Duration::from_nanos(self.inner.share_within_ns.load(Ordering::Relaxed));
+        let mut reader = self.reader();
+        if let Some((at, seen, device)) = &reader.last
+            && at.elapsed() < share
+            && *seen == members
+        {
+            let device = device.clone();
+            reader.stats.shared += 1;
+            return device;
+        }
+        let now = Instant::now();
+        reader
+            .trees
+            .retain(|root, _| members.iter().any(|(_, pid)| pid == root));
         let mut processes = Vec::with_capacity(members.len());
         let mut used = 0u64;
-        for (name, pid) in members {
-            let bytes = tree_memory(pid).map(|t| t.bytes()).unwrap_or(0);
+        for (name, pid) in &members {
+            let bytes = reader.member_bytes(*pid, now, self.inner.periods);
             used = used.saturating_add(bytes);
             processes.push(ProcessMemory {
-                pid,
-                name,
+                pid: *pid,
+                name: name.clone(),
                 used_bytes: bytes,
             });
         }
         let total = self.inner.capacity_bytes;
-        DeviceSnapshot {
+        let device = DeviceSnapshot {
             index: 0,
             name: "host".to_string(),
             uuid: String::new(),
@@ -300,7 +516,9 @@ impl HostPool {
             utilization_percent: None,
             mig_enabled: None,
             processes,
-        }
+        };
+        reader.last = Some((now, members, device.clone()));
+        device
     }
 
     fn members(&self) -> MutexGuard<'_, BTreeMap<String, u32>> {
@@ -310,11 +528,55 @@ impl HostPool {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn reader(&self) -> MutexGuard<'_, PoolReader> {
+        self.inner
+            .reader
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl GpuProbe for HostPool {
     fn snapshot(&self) -> Result<Vec<DeviceSnapshot>, ProbeError> {
         Ok(vec![self.device()])
+    }
+}
+
+/// Process trees by root, walked again when older than `every`: for readers that need a tree's
+/// PIDs at a sampler's rate (which processes of an NVML list are a backend's) without walking
+/// `/proc` every time.
+#[derive(Debug)]
+pub struct TreeCache {
+    every: Duration,
+    trees: HashMap<u32, (Instant, Vec<u32>)>,
+}
+
+impl TreeCache {
+    pub fn new(every: Duration) -> TreeCache {
+        TreeCache {
+            every,
+            trees: HashMap::new(),
+        }
+    }
+
+    /// `root`'s tree (see [`process_tree`]), at most `every` old.
+    pub fn tree(&mut self, root: u32) -> &[u32] {
+        let now = Instant::now();
+        let every = self.every;
+        let entry = self
+            .trees
+            .entry(root)
+            .or_insert_with(|| (now, process_tree(root)));
+        if now.saturating_duration_since(entry.0) >= every {
+            *entry = (now, process_tree(root));
+        }
+        &entry.1
+    }
+
+    /// Forgets every tree whose root is not in `roots`.
+    pub fn retain(&mut self, roots: &[u32]) {
+        self.trees.retain(|root, _| roots.contains(root));
     }
 }
 
@@ -343,6 +605,18 @@ if len(sys.argv) > 1:
 held = []
 print("ready", flush=True)
 for line in sys.stdin:
+    if line.strip() == "child":
+        kids.append(subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(48 << 20); b[::4096] = b'x' * len(b[::4096]); print('in', flush=True); time.sleep(600)"], stdout=subprocess.PIPE))
+        kids[-1].stdout.readline()
+        print("ok", flush=True)
+        continue
+    if line.strip() == "end-children":
+        for k in kids:
+            k.kill()
+            k.wait()
+        kids.clear()
+        print("ok", flush=True)
+        continue
     n = int(line)
     b = bytearray(n << 20)
     for i in range(0, len(b), 4096):
@@ -370,8 +644,13 @@ for line in sys.stdin:
         }
 
         fn alloc(&mut self, mib: u64) {
+            self.say(&mib.to_string());
+        }
+
+        /// Starts a child that holds 48 MiB ("child") or ends every child ("end-children").
+        fn say(&mut self, command: &str) {
             let stdin = self.child.stdin.as_mut().expect("stdin");
-            writeln!(stdin, "{mib}").expect("write");
+            writeln!(stdin, "{command}").expect("write");
             stdin.flush().expect("flush");
             self.expect_line("ok");
         }
@@ -529,6 +808,150 @@ for line in sys.stdin:
             best < std::time::Duration::from_millis(500),
             "20 snapshots took {best:?} (best of three rounds)"
         );
+    }
+
+    /// Bytes, in MiB as a float, for messages.
+    fn mib(bytes: u64) -> f64 {
+        bytes as f64 / MIB as f64
+    }
+
+    #[test]
+    fn growth_between_full_reads_shows_in_the_statm_readings() {
+        let mut hog = Hog::spawn(false);
+        let periods = Periods {
+            walk: Duration::from_millis(100),
+            pss: Duration::from_secs(2),
+        };
+        let pool = HostPool::with_periods(8 << 30, periods);
+        pool.set_member("hog", hog.pid());
+        let full = pool.device().used_bytes;
+        let fast = pool.device().used_bytes;
+        hog.alloc(64);
+        let grown = pool.device().used_bytes;
+        let stats = pool.read_stats();
+        // One full read, then statm alone (a walk may come in between on a slow machine).
+        assert_eq!((stats.full_reads, stats.fast_reads), (1, 2), "{stats:?}");
+        // Right after the full read the statm figure is the same (PSS) figure, give or take the
+        // interpreter's own allocations.
+        assert!(
+            full.abs_diff(fast) < 2 * MIB,
+            "full {:.1} MiB, fast {:.1} MiB",
+            mib(full),
+            mib(fast)
+        );
+        let added = grown.saturating_sub(fast);
+        assert!(
+            (60 * MIB..=80 * MIB).contains(&added),
+            "64 MiB touched, the statm reading grew by {:.1} MiB",
+            mib(added)
+        );
+        // A walk that finds the same process keeps reading statm ...
+        std::thread::sleep(periods.walk);
+        pool.device();
+        let stats = pool.read_stats();
+        assert_eq!(stats.full_reads, 1, "{stats:?}");
+        assert!(stats.walks >= 1, "{stats:?}");
+        // ... and the next full read agrees with the estimate.
+        std::thread::sleep(periods.pss);
+        let again = pool.device().used_bytes;
+        assert_eq!(pool.read_stats().full_reads, 2);
+        assert!(
+            again.abs_diff(grown) < 4 * MIB,
+            "estimate {:.1} MiB, full read {:.1} MiB",
+            mib(grown),
+            mib(again)
+        );
+    }
+
+    #[test]
+    fn shared_pages_are_counted_once_between_full_reads() {
+        // A forked child shares the interpreter's pages with its parent: PSS splits them, RSS
+        // would count them twice. The statm readings between full reads keep the PSS figure.
+        let hog = Hog::spawn(true);
+        let _ = eventually(|| process_tree(hog.pid()), |t| t.len() == 2);
+        let pool = HostPool::new(8 << 30);
+        pool.set_member("hog", hog.pid());
+        let full = pool.device().used_bytes;
+        let fast = pool.device().used_bytes;
+        let tree = tree_memory(hog.pid()).expect("tree");
+        assert_eq!(pool.read_stats().fast_reads, 1);
+        assert!(
+            full.abs_diff(fast) < 2 * MIB,
+            "full {:.1} MiB, fast {:.1} MiB (RSS {:.1} MiB)",
+            mib(full),
+            mib(fast),
+            mib(tree.rss_bytes)
+        );
+    }
+
+    #[test]
+    fn a_child_that_starts_or_ends_shows_within_a_full_read_period() {
+        let mut hog = Hog::spawn(false);
+        let pool = HostPool::new(8 << 30);
+        pool.set_member("hog", hog.pid());
+        let alone = pool.device().used_bytes;
+        hog.say("child");
+        // The new child is found at the next walk, at most TREE_WALK_EVERY later, and read in
+        // full at once.
+        let with_child = eventually(|| pool.device().used_bytes, |b| *b >= alone + 40 * MIB);
+        assert!(
+            with_child >= alone + 40 * MIB,
+            "alone {:.1} MiB, with a 48 MiB child {:.1} MiB",
+            mib(alone),
+            mib(with_child)
+        );
+        let full_reads = pool.read_stats().full_reads;
+        hog.say("end-children");
+        // A process that has gone makes the next reading walk again at once.
+        let after = pool.device().used_bytes;
+        assert!(pool.read_stats().full_reads > full_reads);
+        assert!(
+            after < alone + 8 * MIB,
+            "alone {:.1} MiB, after the child ended {:.1} MiB",
+            mib(alone),
+            mib(after)
+        );
+    }
+
+    #[test]
+    fn readers_within_the_sharing_window_get_the_same_reading() {
+        let a = Hog::spawn(false);
+        let b = Hog::spawn(false);
+        let pool = HostPool::new(8 << 30);
+        pool.share_readings_within(Duration::from_millis(300));
+        pool.set_member("a", a.pid());
+        let first = pool.device();
+        let second = pool.handle().device();
+        assert_eq!(first, second);
+        assert_eq!(pool.read_stats().shared, 1);
+        // A new member is read at once, not hidden behind the shared reading.
+        pool.set_member("b", b.pid());
+        assert_eq!(pool.device().processes.len(), 2);
+        assert_eq!(pool.read_stats().shared, 1);
+        std::thread::sleep(Duration::from_millis(350));
+        let before = pool.read_stats();
+        pool.device();
+        assert_eq!(
+            pool.read_stats().shared,
+            before.shared,
+            "a stale reading is read again"
+        );
+    }
+
+    #[test]
+    fn a_tree_cache_walks_again_only_when_its_reading_is_old() {
+        let hog = Hog::spawn(false);
+        let mut cache = TreeCache::new(Duration::from_millis(200));
+        assert_eq!(cache.tree(hog.pid()), &[hog.pid()]);
+        let mut with_child = Hog::spawn(false);
+        // Another root is its own entry; forgetting keeps only the listed roots.
+        assert_eq!(cache.tree(with_child.pid()), &[with_child.pid()]);
+        with_child.say("child");
+        assert_eq!(cache.tree(with_child.pid()).len(), 1, "cached");
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(cache.tree(with_child.pid()).len(), 2, "walked again");
+        cache.retain(&[hog.pid()]);
+        assert_eq!(cache.trees.len(), 1);
     }
 
     #[test]

@@ -18,9 +18,12 @@ pub mod scripted;
 pub mod trend;
 
 pub use calibration::{BackendCalibration, Calibration, CalibrationError, LearnedLane};
-pub use host::{HostPool, TreeMemory, process_tree, tree_memory};
+pub use host::{
+    HostPool, PSS_EVERY, PoolReadStats, TREE_WALK_EVERY, TreeCache, TreeMemory, process_tree,
+    tree_memory,
+};
 pub use leak::{LeakConfig, LeakError, LeakReport, Verdict, verdict, verdict_with};
-pub use listen::{ListenError, listening_pid, url_listener};
+pub use listen::{ListenError, listening_pid, tree_listens, url_listener, url_port};
 pub use nvml::NvmlProbe;
 pub use probe::*;
 pub use sample::{Sample, SampleFileError, SampleWriter, read_samples};

@@ -1,7 +1,8 @@
 //! Which process listens on a TCP port: the LISTEN sockets of `/proc/net/tcp` and `/proc/net/tcp6`
 //! on that port, their socket inodes matched against the `socket:[INODE]` links under
 //! `/proc/*/fd`. This is how `serve`'s `[memory] watch = [URLs]` finds the process trees of the
-//! upstreams it admits on. The `/proc/net` tables are small fixed-format text that no maintained
+//! upstreams it admits on; [`tree_listens`] re-checks a listener found before for a fraction of
+//! the cost. The `/proc/net` tables are small fixed-format text that no maintained
 //! crate parses without pulling in a whole process-inspection library, so it is read here.
 
 use std::collections::HashSet;
@@ -53,39 +54,57 @@ pub fn listen_inodes(table: &str, port: u16) -> Vec<u64> {
         .collect()
 }
 
+/// Whether process `pid` holds one of `inodes` open (false when it has gone or is not ours).
+fn holds(pid: u32, inodes: &HashSet<u64>) -> bool {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        fs::read_link(fd.path()).ok().is_some_and(|target| {
+            target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok())
+                .is_some_and(|inode| inodes.contains(&inode))
+        })
+    })
+}
+
 /// PIDs holding one of `inodes` open, in ascending order.
 fn holders(inodes: &HashSet<u64>) -> Vec<u32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut pids = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
-            continue; // exited, or not ours
-        };
-        let holds = fds.flatten().any(|fd| {
-            fs::read_link(fd.path()).ok().is_some_and(|target| {
-                target
-                    .to_str()
-                    .and_then(|t| t.strip_prefix("socket:["))
-                    .and_then(|t| t.strip_suffix(']'))
-                    .and_then(|t| t.parse::<u64>().ok())
-                    .is_some_and(|inode| inodes.contains(&inode))
-            })
-        });
-        if holds {
-            pids.push(pid);
-        }
-    }
+    let mut pids: Vec<u32> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| holds(*pid, inodes))
+        .collect();
     pids.sort_unstable();
     pids
+}
+
+/// Socket inodes listening on `port` (IPv4 and IPv6).
+fn port_inodes(port: u16) -> HashSet<u64> {
+    let mut inodes = HashSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(text) = fs::read_to_string(table) {
+            inodes.extend(listen_inodes(&text, port));
+        }
+    }
+    inodes
+}
+
+/// Whether a process of `root`'s tree still listens on `port`. Reads only that tree's file
+/// descriptors, so a listener found once can be checked every second for little; finding one
+/// ([`listening_pid`]) reads every process's.
+pub fn tree_listens(root: u32, port: u16) -> bool {
+    let inodes = port_inodes(port);
+    !inodes.is_empty()
+        && crate::host::process_tree(root)
+            .into_iter()
+            .any(|pid| holds(pid, &inodes))
 }
 
 fn parent(pid: u32) -> Option<u32> {
@@ -98,12 +117,7 @@ fn parent(pid: u32) -> Option<u32> {
 /// The process listening on `port`. When several hold the socket (a server that forks workers
 /// after binding), the one whose parent does not hold it: the root of their tree.
 pub fn listening_pid(port: u16) -> Result<u32, ListenError> {
-    let mut inodes = HashSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        if let Ok(text) = fs::read_to_string(table) {
-            inodes.extend(listen_inodes(&text, port));
-        }
-    }
+    let inodes = port_inodes(port);
     if inodes.is_empty() {
         return Err(ListenError::NotListening(port));
     }
@@ -149,7 +163,9 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         assert_eq!(listening_pid(port), Ok(std::process::id()));
+        assert!(tree_listens(std::process::id(), port));
         drop(listener);
         assert_eq!(listening_pid(port), Err(ListenError::NotListening(port)));
+        assert!(!tree_listens(std::process::id(), port));
     }
 }

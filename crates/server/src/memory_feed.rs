@@ -5,7 +5,7 @@
 //! it into the gate. It also sets the memory gauge and saves learned needs to the calibration
 //! file; [`load_learned`] reads them back at start.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use headroom_gate::{Gate, LearnedNeed, MemoryReading};
 use headroom_gpu::{
-    Calibration, CalibrationError, DeviceSnapshot, GpuProbe, HostPool, LearnedLane, process_tree,
-    url_listener,
+    Calibration, CalibrationError, DeviceSnapshot, GpuProbe, HostPool, LearnedLane,
+    TREE_WALK_EVERY, TreeCache, tree_listens, url_listener, url_port,
 };
 use tokio::time::Instant;
 
@@ -71,13 +71,14 @@ impl MemoryFeed {
             stop.clone(),
         );
         // Resolve once before the first reading, then keep resolving on the side.
-        resolve(&urls, &found, pool.as_ref());
+        let mut added = HashSet::new();
+        resolve(&urls, &found, pool.as_ref(), &mut added);
         std::thread::Builder::new()
             .name(WATCH_THREAD.into())
             .spawn(move || {
                 while !watch_stop.load(Ordering::Relaxed) {
                     std::thread::sleep(RESOLVE_EVERY);
-                    resolve(&urls, &found, pool.as_ref());
+                    resolve(&urls, &found, pool.as_ref(), &mut added);
                 }
             })?;
         let (first_tx, first_rx) = std::sync::mpsc::channel();
@@ -116,14 +117,40 @@ impl Drop for MemoryFeed {
 
 type Roots = Arc<Mutex<HashMap<String, u32>>>;
 
-/// Looks up the process listening on each upstream's port; keeps the host pool's members in step.
-fn resolve(urls: &[String], roots: &Roots, pool: Option<&HostPool>) {
+/// Finds the process tree of each upstream and keeps the host pool's members in step. A member
+/// of the pool that the feed did not add is the supervisor's (`up` names each backend it started
+/// by its upstream URL): its root is taken as it is and never replaced or removed here. The others
+/// are the processes listening on the upstream's port: the one found before is kept while its
+/// tree still listens (only its file descriptors are read), and only otherwise is every process
+/// searched.
+fn resolve(urls: &[String], roots: &Roots, pool: Option<&HostPool>, added: &mut HashSet<String>) {
     for url in urls {
-        let found = url_listener(url).ok();
-        if let Some(pool) = pool {
+        let managed = pool
+            .filter(|_| !added.contains(url))
+            .and_then(|p| p.member(url));
+        let found = managed.or_else(|| {
+            let before = roots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(url)
+                .copied();
+            let port = url_port(url).ok()?;
+            before
+                .filter(|pid| tree_listens(*pid, port))
+                .or_else(|| url_listener(url).ok())
+        });
+        if let (Some(pool), None) = (pool, managed) {
             match found {
-                Some(pid) => pool.set_member(url, pid),
-                None => pool.remove_member(url),
+                Some(pid) => {
+                    if pool.member(url) != Some(pid) {
+                        pool.set_member(url, pid);
+                    }
+                    added.insert(url.clone());
+                }
+                None => {
+                    pool.remove_member(url);
+                    added.remove(url);
+                }
             }
         }
         let mut roots = roots.lock().unwrap_or_else(|p| p.into_inner());
@@ -139,6 +166,8 @@ fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc
     let mut saved: HashMap<usize, LearnedNeed> = HashMap::new();
     let mut last_save = std::time::Instant::now();
     let mut next = std::time::Instant::now();
+    // Which processes of an NVML list are an owner's: its tree, walked at most once a period.
+    let mut trees = TreeCache::new(TREE_WALK_EVERY);
     while !stop.load(Ordering::Relaxed) {
         // The reading is as old as the probe's start: a job admitted while the probe ran
         // cannot show in it.
@@ -146,6 +175,7 @@ fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc
         match setup.probe.snapshot() {
             Ok(devices) => {
                 let owners = roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                trees.retain(&owners.values().copied().collect::<Vec<_>>());
                 for d in &devices {
                     setup
                         .telemetry
@@ -157,6 +187,7 @@ fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc
                         &setup.owners,
                         &owners,
                         taken,
+                        &mut trees,
                     ));
                 }
             }
@@ -202,6 +233,7 @@ fn reading(
     urls: &[String],
     roots: &HashMap<String, u32>,
     at: Instant,
+    trees: &mut TreeCache,
 ) -> MemoryReading {
     let (total, free) = match (memory.probe, memory.capacity) {
         (ProbeKind::Nvml, Some(cap)) => (
@@ -226,7 +258,7 @@ fn reading(
                     .filter(|b| *b > 0)?,
                 // NVML lists no processes in some containers: then nothing of the tree shows.
                 ProbeKind::Nvml => {
-                    let tree = process_tree(root);
+                    let tree = trees.tree(root);
                     let mine: Vec<u64> = d
                         .processes
                         .iter()
@@ -351,7 +383,8 @@ mod tests {
             capacity: Some(1000),
             ..MemoryConfig::default()
         };
-        let r = reading(&d, &host, &urls, &roots, Instant::now());
+        let mut trees = TreeCache::new(TREE_WALK_EVERY);
+        let r = reading(&d, &host, &urls, &roots, Instant::now(), &mut trees);
         assert_eq!(r.owners, vec![(urls[0].clone(), 300)]);
         assert_eq!((r.total_bytes, r.free_bytes), (1000, 600));
         // NVML with a capacity cap: free within the cap; this process's tree is found by pid.
@@ -359,15 +392,40 @@ mod tests {
             capacity: Some(500),
             ..MemoryConfig::default()
         };
-        let r = reading(&d, &nvml, &urls, &roots, Instant::now());
+        let r = reading(&d, &nvml, &urls, &roots, Instant::now(), &mut trees);
         assert_eq!((r.total_bytes, r.free_bytes), (500, 100));
         assert_eq!(r.owners[0], (urls[0].clone(), 300));
         d.processes.clear();
         assert!(
-            reading(&d, &nvml, &urls, &roots, Instant::now())
+            reading(&d, &nvml, &urls, &roots, Instant::now(), &mut trees)
                 .owners
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_supervisors_members_are_kept_and_listeners_followed() {
+        let pool = HostPool::new(1 << 30);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+        // A backend `up` started, not listening (yet, or while it restarts): its member stays.
+        let managed = "http://127.0.0.1:1".to_string();
+        pool.set_member(&managed, 4242);
+        let roots: Roots = Arc::default();
+        let mut added = HashSet::new();
+        let urls = [managed.clone(), url.clone()];
+        resolve(&urls, &roots, Some(&pool), &mut added);
+        assert_eq!(pool.member(&managed), Some(4242));
+        assert_eq!(pool.member(&url), Some(std::process::id()));
+        assert_eq!(roots.lock().unwrap().get(&managed), Some(&4242));
+        // Found again (the cheap way) while it listens; gone when it stops listening.
+        resolve(&urls, &roots, Some(&pool), &mut added);
+        assert_eq!(pool.member(&url), Some(std::process::id()));
+        drop(listener);
+        resolve(&urls, &roots, Some(&pool), &mut added);
+        assert_eq!(pool.member(&url), None);
+        assert!(roots.lock().unwrap().get(&url).is_none());
+        assert_eq!(pool.member(&managed), Some(4242));
     }
 
     #[test]

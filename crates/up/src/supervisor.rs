@@ -363,6 +363,9 @@ fn open_meter(config: &BoxConfig) -> Result<(Meter, Arc<dyn GpuProbe>), UpError>
                         .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
                 };
                 let pool = HostPool::new(capacity);
+                // The meter's sampler and serve's memory feed both poll the pool every
+                // sample_interval: within half of it they share one reading of /proc.
+                pool.share_readings_within(m.sample_interval / 2);
                 // Co-tenants: the processes listening on the watched upstreams, with their trees.
                 let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
                 for url in m.watch.iter().filter(|u| !ours.contains(u)) {
