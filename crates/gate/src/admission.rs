@@ -114,6 +114,9 @@ struct LaneState {
     last_release: Option<Instant>,
     /// On a `preempt` lane: running slots not yet told to stop, oldest first.
     preemptible: Vec<(u64, Arc<Notify>)>,
+    /// Why the head of the queue could not start at its last check (with the memory figures
+    /// when memory held it).
+    head_waits: Option<WaitingFor>,
 }
 
 struct Waiting {
@@ -349,6 +352,29 @@ pub struct LaneSnapshot {
     pub upstreams: Vec<UpstreamSnapshot>,
     /// Memory admission figures, for lanes that admit on memory.
     pub memory: Option<LaneMemorySnapshot>,
+    /// While requests are queued: why the first one could not start at its last check.
+    pub waiting_for: Option<WaitingFor>,
+}
+
+/// What holds the head of a lane's queue.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WaitingFor {
+    /// The refusal code the check gave (`lane_saturated`, `lane_yielding`, `host_memory`, ...).
+    pub reason: &'static str,
+    /// For memory: the job's need and margin beside the pool's free and reserved figures.
+    pub memory: Option<crate::ledger::MemoryShortfall>,
+}
+
+impl WaitingFor {
+    fn new(st: &State, reason: RejectReason) -> WaitingFor {
+        let memory = matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory)
+            .then(|| st.shortfall.clone())
+            .flatten();
+        WaitingFor {
+            reason: reason.code(),
+            memory,
+        }
+    }
 }
 
 /// A lane's memory need: configured, learned, and the one in force.
@@ -606,6 +632,7 @@ impl Gate {
                     return Ok(inner.permit(lane, slot, Duration::ZERO, now));
                 }
                 Err(reason) => {
+                    let waits = WaitingFor::new(&st, reason);
                     let queue_full = st.lanes[lane].queue.len() >= spec.max_queue;
                     let reason = match spec.policy {
                         Policy::Reject => Some(reason),
@@ -624,6 +651,9 @@ impl Gate {
                     if let Some(reason) = reason {
                         st.lanes[lane].rejected += 1;
                         return Err(inner.rejection(&st, lane, reason, now));
+                    }
+                    if !fifo_blocked {
+                        st.lanes[lane].head_waits = Some(waits);
                     }
                     st.lanes[lane].queue.push_back(Waiting {
                         id,
@@ -716,6 +746,7 @@ impl Gate {
                         .filter(|m| *m > 0.0)
                         .map(|m| spec.max_inflight as f64 / m),
                     yielding: self.inner.higher_busy(&st, i, Instant::now()),
+                    waiting_for: ls.head_waits.clone().filter(|_| !ls.queue.is_empty()),
                     memory: spec.gpu.as_ref().map(|need| {
                         let learner = &st.learners[i];
                         let learned = learner.learned();
@@ -1026,7 +1057,10 @@ impl Inner {
                         st.refused.insert(head.id, rejection);
                         head.notify.notify_one();
                     }
-                    Err(_) => break,
+                    Err(reason) => {
+                        st.lanes[lane].head_waits = Some(WaitingFor::new(st, reason));
+                        break;
+                    }
                 }
             }
         }
@@ -1432,8 +1466,18 @@ mod tests {
         let waiter = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(counts(&g, 0), (1, 1));
+        // The snapshot says what holds the queue: the need beside free and reserved.
+        let waiting = g.snapshot().lanes[0].waiting_for.clone().unwrap();
+        assert_eq!(waiting.reason, "gpu_memory");
+        let m = waiting.memory.unwrap();
+        assert_eq!(
+            (m.need_bytes, m.margin_bytes, m.free_bytes, m.reserved_bytes),
+            (1000, 500, Some(2000), 1000)
+        );
         drop(a);
-        assert!(waiter.await.unwrap().is_ok());
+        let b = waiter.await.unwrap().unwrap();
+        assert_eq!(g.snapshot().lanes[0].waiting_for, None);
+        drop(b);
     }
 
     #[tokio::test(start_paused = true)]

@@ -163,6 +163,7 @@ mod tests {
             yielding: false,
             upstreams: Vec::new(),
             memory: None,
+            waiting_for: None,
         }
     }
 
