@@ -4,7 +4,8 @@
 //! a ring buffer and a sample file ([`sample`]); [`leak`] turns per-round floors and throughput
 //! into a verdict using the statistics in [`trend`]. [`HostPool`] is the probe of a box without a
 //! GPU: host RAM as one device whose users are process trees read from `/proc`; [`calibration`]
-//! is the file `up` keeps its measurements in; [`listen`] names the process listening on a port.
+//! is the file `up` keeps its measurements in; [`listen`] names the process listening on a port;
+//! [`remote`] reads a running `up`'s pool for tools that have no NVML.
 
 pub mod calibration;
 pub mod host;
@@ -12,6 +13,7 @@ pub mod leak;
 pub mod listen;
 pub mod nvml;
 pub mod probe;
+pub mod remote;
 pub mod sample;
 pub mod sampler;
 pub mod scripted;
@@ -26,6 +28,7 @@ pub use leak::{LeakConfig, LeakError, LeakReport, Verdict, verdict, verdict_with
 pub use listen::{ListenError, listening_pid, tree_listens, url_listener, url_port};
 pub use nvml::NvmlProbe;
 pub use probe::*;
+pub use remote::{RemotePool, device_from_box};
 pub use sample::{Sample, SampleFileError, SampleWriter, read_samples};
 pub use sampler::{Recorder, Sampler, SamplerConfig, SamplerError, SamplerRun, SamplerStats};
 pub use scripted::ScriptedProbe;

@@ -42,6 +42,9 @@ pub enum ProbeError {
     /// The requested device index does not exist.
     #[error("no GPU with index {0}")]
     NoSuchDevice(u32),
+    /// A pool read from a running `headroom up` (its `/admin/box`) could not be read.
+    #[error("the box's pool: {0}")]
+    Remote(String),
 }
 
 impl ProbeError {
@@ -51,6 +54,7 @@ impl ProbeError {
             ProbeError::NoDriver(_) => "no_driver",
             ProbeError::Nvml(_) => "nvml",
             ProbeError::NoSuchDevice(_) => "no_such_device",
+            ProbeError::Remote(_) => "remote",
         }
     }
 }
