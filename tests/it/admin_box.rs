@@ -302,23 +302,24 @@ async fn top_bench_and_soak_read_the_box_pool_without_nvml() {
     )
     .unwrap();
     let charts = dir.path().join("charts");
-    let (code, out, err) = headroom(key(vec![
+    // The same transcription workload for bench and soak, with the key.
+    let workload = |tool: &str, more: &[&str]| {
+        let mut a = vec![tool, "--url", &base, "--model", "whisper-1", "--kind"];
+        a.extend(["transcription", "--audio-dir", audio.to_str().unwrap()]);
+        a.extend(more);
+        key(a)
+    };
+    let (code, out, err) = headroom(workload(
         "bench",
-        "--url",
-        &base,
-        "--model",
-        "whisper-1",
-        "--kind",
-        "transcription",
-        "--audio-dir",
-        audio.to_str().unwrap(),
-        "--requests",
-        "6",
-        "--format",
-        "json",
-        "--charts",
-        charts.to_str().unwrap(),
-    ]))
+        &[
+            "--requests",
+            "6",
+            "--format",
+            "json",
+            "--charts",
+            charts.to_str().unwrap(),
+        ],
+    ))
     .await;
     assert_eq!(code, Some(0), "{err}");
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -330,25 +331,19 @@ async fn top_bench_and_soak_read_the_box_pool_without_nvml() {
     assert!(chart.contains("<polyline"), "a memory line is drawn");
 
     // soak: a verdict on the pool's floors, which rise here.
-    let (code, out, err) = headroom(key(vec![
+    let (code, out, err) = headroom(workload(
         "soak",
-        "--url",
-        &base,
-        "--model",
-        "whisper-1",
-        "--kind",
-        "transcription",
-        "--audio-dir",
-        audio.to_str().unwrap(),
-        "--rounds",
-        "6",
-        "--duration",
-        "1s",
-        "--gap",
-        "1s",
-        "--format",
-        "json",
-    ]))
+        &[
+            "--rounds",
+            "6",
+            "--duration",
+            "1s",
+            "--gap",
+            "1s",
+            "--format",
+            "json",
+        ],
+    ))
     .await;
     assert_eq!(code, Some(0), "{err}");
     let s: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -92,6 +92,19 @@ fn browser_required() -> bool {
         || std::env::var("HEADROOM_REQUIRE_BROWSER").is_ok_and(|v| v == "1")
 }
 
+/// The browser to drive, or `None` (said on stderr) where there is none and none is required.
+fn chromium_or_skip() -> Option<String> {
+    let binary = chromium();
+    if binary.is_none() {
+        assert!(
+            !browser_required(),
+            "no Chromium found (install Debian's `chromium`, or set HEADROOM_CHROMIUM)"
+        );
+        eprintln!("skipped: no Chromium on PATH (CI requires one)");
+    }
+    binary
+}
+
 /// One headless Chromium with one page, spoken to over its DevTools websocket.
 struct Browser {
     child: tokio::process::Child,
@@ -234,12 +247,7 @@ const TEXT_ROW: &str = r#"document.querySelector('#lanes tr[data-lane="text"]')"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
-    let Some(binary) = chromium() else {
-        assert!(
-            !browser_required(),
-            "no Chromium found (install Debian's `chromium`, or set HEADROOM_CHROMIUM)"
-        );
-        eprintln!("skipped: no Chromium on PATH (CI requires one)");
+    let Some(binary) = chromium_or_skip() else {
         return;
     };
     let up = serve_upstream::start().await;
@@ -486,12 +494,7 @@ const AUDIO_WAITING: &str = r#"document.querySelector('#lanes tr[data-lane="audi
 /// figure the gate compared; then the job must get in (blocked for now, not refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_shows_why_an_audio_job_waits_for_memory() {
-    let Some(binary) = chromium() else {
-        assert!(
-            !browser_required(),
-            "no Chromium found (install Debian's `chromium`, or set HEADROOM_CHROMIUM)"
-        );
-        eprintln!("skipped: no Chromium on PATH (CI requires one)");
+    let Some(binary) = chromium_or_skip() else {
         return;
     };
     let _serial = crate::memory::SERIAL.lock().await;
