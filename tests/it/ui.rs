@@ -237,6 +237,18 @@ impl Browser {
     }
 }
 
+impl Browser {
+    /// Waits (at most `within`) until the page says its data is `want` (`live`, `stale`).
+    async fn wait_state(&mut self, want: &str, within: Duration) -> Value {
+        self.wait_for(
+            "document.querySelector('main').dataset.state",
+            within,
+            |v| v == &json!(want),
+        )
+        .await
+    }
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
@@ -377,13 +389,7 @@ async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
 
     // The gateway goes away: the page must say its data is stale, not keep showing it as live.
     g.shutdown().await.unwrap();
-    let gone = browser
-        .wait_for(
-            "document.querySelector('main').dataset.state",
-            Duration::from_secs(15),
-            |v| v == &json!("stale"),
-        )
-        .await;
+    let gone = browser.wait_state("stale", Duration::from_secs(15)).await;
     assert_eq!(gone, json!("stale"));
 }
 
@@ -510,13 +516,7 @@ async fn page_shows_why_an_audio_job_waits_for_memory() {
     browser
         .call("Page.navigate", json!({"url": format!("{base}/ui")}))
         .await;
-    let state = browser
-        .wait_for(
-            "document.querySelector('main').dataset.state",
-            Duration::from_secs(20),
-            |v| v == &json!("live"),
-        )
-        .await;
+    let state = browser.wait_state("live", Duration::from_secs(20)).await;
     assert_eq!(state, json!("live"));
 
     let (b1, b2) = (base.clone(), base.clone());
