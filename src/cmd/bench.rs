@@ -227,14 +227,26 @@ pub async fn prepare(args: &LoadArgs) -> anyhow::Result<Prepared> {
     Ok(Prepared { run, meta, client })
 }
 
-/// The NVML probe, or why there is none.
-pub fn gpu_probe(no_gpu: bool) -> Result<Arc<dyn GpuProbe>, String> {
-    if no_gpu {
+/// How often the pool of a `headroom up` is read from its `/admin/box`.
+const BOX_EVERY: Duration = Duration::from_millis(250);
+
+/// The memory to sample: NVML; where there is none, the pool of the `headroom up` at `--url`
+/// (its `/admin/box`, with `--api-key`: host RAM on a CPU box); or why neither can be read.
+pub fn gpu_probe(load: &LoadArgs) -> Result<Arc<dyn GpuProbe>, String> {
+    if load.no_gpu {
         return Err("GPU sampling turned off with --no-gpu".into());
     }
-    headroom_gpu::NvmlProbe::new()
-        .map(|p| Arc::new(p) as Arc<dyn GpuProbe>)
-        .map_err(|e| e.to_string())
+    let no_driver = match headroom_gpu::NvmlProbe::new() {
+        Ok(p) => return Ok(Arc::new(p)),
+        Err(e) => e.to_string(),
+    };
+    let base = load.url.trim_end_matches('/');
+    let base = base.strip_suffix("/v1").unwrap_or(base);
+    super::gateway::Gateway::parse_flag("--url", base)
+        .and_then(|g| g.with_api_key(load.api_key.as_deref()))
+        .and_then(|g| g.box_pool(BOX_EVERY))
+        .map(|pool| Arc::new(pool) as Arc<dyn GpuProbe>)
+        .map_err(|e| format!("{no_driver}; and no headroom up pool at --url: {e}"))
 }
 
 /// A channel that turns `true` on Ctrl-C.
@@ -341,7 +353,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let report = headroom_bench::bench(
             prepared.client,
             config,
-            gpu_probe(args.load.no_gpu),
+            gpu_probe(&args.load),
             progress,
             cancel,
         )

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod doctor;
 pub mod doctor_live;
 pub mod drill;
+pub mod gateway;
 pub mod pipe;
 pub mod plan;
 pub mod plan_hub;

@@ -71,7 +71,7 @@ pub fn run(args: SoakArgs) -> anyhow::Result<ExitCode> {
         let report = headroom_bench::soak::soak(
             prepared.client,
             config,
-            gpu_probe(args.load.no_gpu),
+            gpu_probe(&args.load),
             cancel,
             |r| {
                 eprintln!(

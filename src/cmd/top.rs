@@ -4,8 +4,6 @@
 //! `--record FILE --duration D` samples into a file without a screen (used by
 //! `scripts/device-check.sh`). The screen itself is drawn by `headroom-top`.
 
-mod gateway;
-
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -22,12 +20,15 @@ use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
-use gateway::Gateway;
+use super::gateway::Gateway;
 
 /// How often the screen is redrawn.
 const FRAME: Duration = Duration::from_millis(100);
 /// How often the gateway's lanes are fetched.
 const LANES_EVERY: Duration = Duration::from_secs(1);
+/// How often the pool of a `headroom up` is read from its `/admin/box` (its backends' figures move
+/// every 250 ms; the sampler re-reads the newest answer in between).
+const BOX_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnceFormat {
@@ -92,7 +93,7 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.record
         && let Some(duration) = args.duration
     {
-        return record_headless(path, args.interval, duration);
+        return record_headless(path, args.interval, duration, gateway.as_ref());
     }
     if !std::io::stdout().is_terminal() {
         bail!(
@@ -105,11 +106,43 @@ pub fn run(args: TopArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Opens NVML, or says in one line why it cannot.
-fn open_probe() -> anyhow::Result<Arc<dyn GpuProbe>> {
-    let probe =
-        NvmlProbe::new().context("cannot read the GPU (use --replay FILE to view a recording)")?;
-    Ok(Arc::new(probe))
+/// The memory to show: NVML, or where there is none and `--gateway` names a `headroom up`, the
+/// pool it measures (host RAM on a CPU box, read from its `/admin/box`). With it, its source and
+/// the names of its devices. Otherwise one line saying why neither can be read.
+fn open_probe(gateway: Option<&Gateway>) -> anyhow::Result<Opened> {
+    let no_driver = match NvmlProbe::new() {
+        Ok(p) => return Ok(opened(Arc::new(p), "nvml")),
+        Err(e) => e,
+    };
+    let Some(gateway) = gateway else {
+        return Err(anyhow::Error::new(no_driver)
+            .context("cannot read the GPU (use --replay FILE to view a recording)"));
+    };
+    match gateway.box_pool(BOX_EVERY) {
+        Ok(pool) => Ok(opened(Arc::new(pool), "box")),
+        Err(e) => bail!(
+            "cannot read the GPU ({no_driver}) nor the pool of a headroom up at the gateway ({e}); use --replay FILE to view a recording"
+        ),
+    }
+}
+
+/// A probe, where its readings come from (`nvml`, `box`), and its devices' names.
+struct Opened {
+    probe: Arc<dyn GpuProbe>,
+    source: &'static str,
+    names: std::collections::BTreeMap<u32, String>,
+}
+
+fn opened(probe: Arc<dyn GpuProbe>, source: &'static str) -> Opened {
+    let names = probe
+        .snapshot()
+        .map(|devices| devices.into_iter().map(|d| (d.index, d.name)).collect())
+        .unwrap_or_default();
+    Opened {
+        probe,
+        source,
+        names,
+    }
 }
 
 fn once(args: &TopArgs, gateway: Option<&Gateway>) -> anyhow::Result<ExitCode> {
@@ -121,10 +154,10 @@ fn once(args: &TopArgs, gateway: Option<&Gateway>) -> anyhow::Result<ExitCode> {
             state
         }
         None => {
-            let probe = open_probe()?;
-            let devices = probe.snapshot().context("cannot read the GPU")?;
+            let Opened { probe, source, .. } = open_probe(gateway)?;
+            let devices = probe.snapshot().context("cannot read the memory")?;
             let ts = now_ms();
-            let mut state = TopState::new("nvml");
+            let mut state = TopState::new(source);
             for device in &devices {
                 let mut sample = Sample::from_device(ts, device);
                 sample.name = Some(device.name.clone());
@@ -195,8 +228,9 @@ fn record_headless(
     path: &Path,
     interval: Duration,
     duration: Duration,
+    gateway: Option<&Gateway>,
 ) -> anyhow::Result<ExitCode> {
-    let probe = open_probe()?;
+    let probe = open_probe(gateway)?.probe;
     let rt = runtime()?;
     let config = SamplerConfig::new(interval).with_file(path.to_path_buf());
     let run = rt.block_on(async {
@@ -264,14 +298,19 @@ fn handle_keys(state: &mut TopState, timeout: Duration) -> anyhow::Result<Contro
 /// Live view. Without a driver it still runs when there are gateway lanes to show, with the
 /// reason on the status line; with nothing to show it exits with the reason.
 fn interactive_live(args: &TopArgs, gateway: Option<Gateway>) -> anyhow::Result<ExitCode> {
-    let probe = match open_probe() {
-        Ok(probe) => Ok(probe),
+    let probe = match open_probe(gateway.as_ref()) {
+        Ok(opened) => Ok(opened),
         Err(err) if gateway.is_some() && args.record.is_none() => Err(format!("{err:#}")),
         Err(err) => return Err(err),
     };
     let rt = runtime()?;
+    let mut state = TopState::new(match &probe {
+        Ok(opened) => format!("{} every {:?}", opened.source, args.interval),
+        Err(_) => "no memory probe".to_string(),
+    });
     let sampler = match probe {
-        Ok(probe) => {
+        Ok(Opened { probe, names, .. }) => {
+            state.names = names;
             let mut config = SamplerConfig::new(args.interval);
             if let Some(path) = &args.record {
                 config = config.with_file(path.clone());
@@ -282,7 +321,6 @@ fn interactive_live(args: &TopArgs, gateway: Option<Gateway>) -> anyhow::Result<
         Err(reason) => Err(reason),
     };
     let lanes = gateway.map(spawn_lanes_fetcher);
-    let mut state = TopState::new(format!("nvml every {:?}", args.interval));
     let started = Instant::now();
     let mut terminal = ratatui::try_init().context("cannot open the terminal")?;
     let mut seen_ms = 0u64;

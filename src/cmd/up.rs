@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use headroom_server::stderr::line;
+use headroom_up::boxfile::Overrides;
 use headroom_up::example::EXAMPLE_BOX;
 use headroom_up::{BoxConfig, UpOptions};
 
@@ -37,10 +38,18 @@ pub struct UpArgs {
     /// Keep the default log folder after a clean stop.
     #[arg(long)]
     pub keep_logs: bool,
-    /// Validate the box file, the gateway configuration it derives and the calibration path,
-    /// and exit without starting anything.
+    /// Validate the box file, the gateway configuration it derives, the calibration path and
+    /// every path the box names (programs, warm-up files, models), and exit without starting
+    /// anything.
     #[arg(long)]
     pub check: bool,
+    /// Serve the gateway on this address instead of the box file's `[serve] listen`.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Move the backends' ports: backend k of the file (from 0) listens on N + k, and its
+    /// `{port}` and upstream follow.
+    #[arg(long, value_name = "N")]
+    pub port_base: Option<u16>,
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -49,18 +58,32 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let path = args.config.context("--config FILE is required")?;
-    let config = match BoxConfig::load(&path) {
+    let overrides = Overrides {
+        listen: args.listen,
+        port_base: args.port_base,
+    };
+    let config = match BoxConfig::load_with(&path, overrides) {
         Ok(c) => c,
         Err(e) => return Ok(fail(&e)),
     };
     if args.check {
-        if let Err(e) = headroom_up::checks::before_start(&config, &path) {
+        if let Err(e) = headroom_up::checks::before_start(&config, &path)
+            .and_then(|()| headroom_up::supervisor::check_paths(&config))
+        {
             return Ok(fail(&e));
         }
+        let ports: Vec<String> = config
+            .backends
+            .iter()
+            .map(|b| format!("{} {}", b.name, b.port))
+            .collect();
         println!(
-            "box file {} is valid: {} backend(s)",
+            "box file {} is valid: {} backend(s) ({}), gateway on {}; paths from {}",
             path.display(),
-            config.backends.len()
+            config.backends.len(),
+            ports.join(", "),
+            config.serve.listen,
+            config.dir.display()
         );
         return Ok(ExitCode::SUCCESS);
     }

@@ -138,6 +138,11 @@ async fn admin_box_is_keyed_and_a_restarting_backend_gets_503_with_retry_after()
     assert_eq!(v["backends"][0]["name"], "stt");
     assert_eq!(v["backends"][0]["state"], "ready");
     assert_eq!(v["backends"][0]["peak_bytes"], 260u64 << 20);
+    // The pool now, for tools without NVML: no memory reading here (no lane admits on memory),
+    // so the capacity and the backends' memory now, on a pool named for the probe.
+    assert_eq!(v["pool"]["name"], "GPU 0");
+    assert_eq!(v["pool"]["total_bytes"], 1u64 << 30);
+    assert_eq!(v["pool"]["used_bytes"], 201u64 << 20);
 
     assert_eq!(transcribe(&c, &base).await.status(), 200);
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -253,4 +258,145 @@ async fn an_enforced_box_shows_its_cgroup_oom_kills_and_restart_reasons() {
     assert!(page.contains("OOM kills 2"), "{page}");
     assert!(page.contains("headroom-up-1-2-box"), "{page}");
     assert!(page.contains("<td>oom_killed</td>"), "{page}");
+}
+
+/// Runs the built binary on a blocking thread; returns (exit code, stdout, stderr).
+async fn headroom(args: Vec<String>) -> (Option<i32>, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args(&args)
+            .output()
+            .expect("run headroom");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// Where there is no NVML (a CPU box), `top`, `bench` and `soak` read the pool of the
+/// `headroom up` behind the gateway from its `/admin/box` (with the API key): `top` draws it,
+/// `bench` charts it, and `soak` gives its leak verdict on it. The box's backend grows by 16 MiB
+/// a second here, so the soak's floors rise round after round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_bench_and_soak_read_the_box_pool_without_nvml() {
+    if headroom_gpu::NvmlProbe::new().is_ok() {
+        eprintln!("a GPU driver here: the tools read NVML, not the box's pool");
+        return;
+    }
+    let hits = Arc::new(AtomicU64::new(0));
+    let up = upstream(hits.clone()).await;
+    let steered = Arc::new(Steered(Mutex::new(report(&up))));
+    let toml = format!(
+        "{}\n[memory]\nprobe = \"host\"\ncapacity = \"1GiB\"\nwatch = [\"{up}\"]\n",
+        config(&up)
+    );
+    let (base, stop) = gateway(&toml, Some(steered.clone())).await;
+    let grow = {
+        let steered = steered.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                steered.0.lock().unwrap().backends[0].current_bytes += (16 << 20) / 10;
+            }
+        })
+    };
+    let key = |mut a: Vec<&str>| {
+        a.extend(["--api-key", "sekret"]);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+
+    // top: the pool, named for what it is, with the backend as its process.
+    let (code, out, err) = headroom(key(vec![
+        "top",
+        "--once",
+        "--format",
+        "json",
+        "--gateway",
+        &base,
+    ]))
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["source"], "box");
+    assert_eq!(v["gpus"][0]["name"], "host RAM");
+    assert_eq!(v["gpus"][0]["total_bytes"], 1u64 << 30);
+    assert_eq!(v["gpus"][0]["processes"][0]["pid"], 4242);
+    assert!(
+        v["gpus"][0]["used_bytes"].as_u64().unwrap() >= 201 << 20,
+        "{v}"
+    );
+    // Without the key the gateway refuses, and top says why in one line (exit 2).
+    let (code, _, err) = headroom(
+        ["top", "--once", "--gateway", &base]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+    )
+    .await;
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("requires an API key"), "{err}");
+
+    // bench: the pool sampled and charted.
+    let dir = tempfile::tempdir().unwrap();
+    let audio = dir.path().join("audio");
+    std::fs::create_dir(&audio).unwrap();
+    std::fs::write(
+        audio.join("a.wav"),
+        headroom_server::audio::fixtures::wav(1.0, 8000, 1),
+    )
+    .unwrap();
+    let charts = dir.path().join("charts");
+    // The same transcription workload for bench and soak, with the key.
+    let workload = |tool: &str, more: &[&str]| {
+        let mut a = vec![tool, "--url", &base, "--model", "whisper-1", "--kind"];
+        a.extend(["transcription", "--audio-dir", audio.to_str().unwrap()]);
+        a.extend(more);
+        key(a)
+    };
+    let (code, out, err) = headroom(workload(
+        "bench",
+        &[
+            "--requests",
+            "6",
+            "--format",
+            "json",
+            "--charts",
+            charts.to_str().unwrap(),
+        ],
+    ))
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["gpu"]["available"], true, "{}", r["gpu"]);
+    assert_eq!(r["gpu"]["devices"][0]["name"], "host RAM");
+    assert!(!r["gpu"]["series"].as_array().unwrap().is_empty());
+    let chart = std::fs::read_to_string(charts.join("gpu-memory.svg")).unwrap();
+    assert!(chart.contains("host RAM and requests"), "chart title");
+    assert!(chart.contains("<polyline"), "a memory line is drawn");
+
+    // soak: a verdict on the pool's floors, which rise here.
+    let (code, out, err) = headroom(workload(
+        "soak",
+        &[
+            "--rounds",
+            "6",
+            "--duration",
+            "1s",
+            "--gap",
+            "1s",
+            "--format",
+            "json",
+        ],
+    ))
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(s["gpu_available"], true, "{}", s["gpu_reason"]);
+    assert_eq!(s["leak"]["verdict"], "leak", "{}", s["leak"]);
+    grow.abort();
+    let _ = stop.send(());
 }

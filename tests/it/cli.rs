@@ -242,3 +242,84 @@ fn version_names_the_commit_and_the_catalog_date() {
         assert_ne!(date, "unknown", "{v}");
     }
 }
+
+/// A box file moved to another folder: `up --check` checks every path it names before anything
+/// starts, and a missing relative one is reported with the folder it was taken from; `--listen`
+/// and `--port-base` move the gateway and the backends without editing the file.
+#[test]
+fn up_check_finds_a_bad_path_and_the_command_line_moves_the_ports() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("boxes");
+    std::fs::create_dir_all(folder.join("bin")).unwrap();
+    let tool = folder.join("bin/speech-server");
+    std::fs::write(&tool, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::write(folder.join("model.gguf"), b"GGUF").unwrap();
+    std::fs::write(
+        folder.join("clip.wav"),
+        headroom_server::audio::fixtures::wav(1.0, 8000, 1),
+    )
+    .unwrap();
+    let box_file = folder.join("voice.up.toml");
+    std::fs::write(
+        &box_file,
+        r#"
+[memory]
+probe = "host"
+capacity = "1GiB"
+
+[[backends]]
+name = "stt"
+role = "audio"
+engine = "whisper"
+command = "./bin/speech-server"
+args = ["--port", "{port}"]
+port = 18281
+[backends.warmup]
+file = "clip.wav"
+
+[[backends]]
+name = "llm"
+role = "text"
+engine = "llamacpp"
+command = "sh"
+port = 18280
+model = "model.gguf"
+
+[serve]
+listen = "127.0.0.1:8280"
+"#,
+    )
+    .unwrap();
+    let config = box_file.to_str().unwrap();
+    let out = headroom(&[
+        "up",
+        "--check",
+        "--config",
+        config,
+        "--listen",
+        "127.0.0.1:19299",
+        "--port-base",
+        "19250",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("stt 19250, llm 19251") && said.contains("gateway on 127.0.0.1:19299"),
+        "{said}"
+    );
+    // A program that is not there is found by --check, with the folder its path started from.
+    std::fs::remove_file(&tool).unwrap();
+    let out = headroom(&["up", "--check", "--config", config]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    let folder = std::fs::canonicalize(&folder).unwrap();
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("speech-server")
+            && err.contains(&format!(
+                "relative paths start at the box file's folder, {}",
+                folder.display()
+            )),
+        "{err}"
+    );
+}

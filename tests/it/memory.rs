@@ -18,16 +18,16 @@ use tokio::time::Instant;
 
 const MIB: u64 = 1 << 20;
 /// These tests allocate hundreds of MiB: one at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The fake audio upstream, killed when dropped.
-struct AllocUpstream {
+pub(crate) struct AllocUpstream {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl AllocUpstream {
-    fn start(mib: u64, hold_ms: u64, alloc_delay_ms: u64) -> AllocUpstream {
+    pub(crate) fn start(mib: u64, hold_ms: u64, alloc_delay_ms: u64) -> AllocUpstream {
         let python = std::env::var("HEADROOM_PYTHON").unwrap_or_else(|_| "python3".into());
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/alloc_upstream.py");
         let mut child = Command::new(python)
@@ -86,9 +86,9 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-struct Pool {
-    capacity_mib: u64,
-    margin_mib: u64,
+pub(crate) struct Pool {
+    pub(crate) capacity_mib: u64,
+    pub(crate) margin_mib: u64,
     per_job: String,
     learn: bool,
     min_samples: u64,
@@ -97,7 +97,7 @@ struct Pool {
 }
 
 impl Pool {
-    fn new(per_job: &str) -> Pool {
+    pub(crate) fn new(per_job: &str) -> Pool {
         Pool {
             capacity_mib: 1000,
             margin_mib: 64,
@@ -109,7 +109,7 @@ impl Pool {
         }
     }
 
-    fn config(&self, upstream: &str) -> ServeConfig {
+    pub(crate) fn config(&self, upstream: &str) -> ServeConfig {
         let calibration = self
             .calibration
             .as_ref()
@@ -163,7 +163,7 @@ fn transcription_body() -> (String, Vec<u8>) {
 }
 
 /// One transcription through the gateway: status, Retry-After, error code, and time taken.
-async fn transcribe(
+pub(crate) async fn transcribe(
     c: &reqwest::Client,
     base: &str,
     lane: Option<&str>,

@@ -605,6 +605,21 @@ async fn a_bounded_queue_serves_in_order_or_answers_503_at_queue_timeout() {
     .await;
     assert_eq!(lane(&s, "text")["queued"], 0);
     assert_eq!(lane(&s, "text")["queue_timeouts"].as_u64(), Some(timed_out));
+    // The queue-wait histogram counts the requests that timed out in the queue too, with their
+    // whole wait: no p99 of a few ms while requests give up at the timeout.
+    let waits = metric(&c, &b, "headroom_queue_wait_seconds_count{lane=\"text\"}").await;
+    assert_eq!(waits, Some(served.len() as f64 + timed_out as f64));
+    let over = metric(
+        &c,
+        &b,
+        "headroom_queue_wait_seconds_bucket{lane=\"text\",le=\"0.5\"}",
+    )
+    .await
+    .unwrap();
+    assert!(
+        waits.unwrap() - over >= timed_out as f64,
+        "{timed_out} waits of 0.8 s above the 0.5 s bucket; {over} of {waits:?} at or below it"
+    );
     g.shutdown().await.unwrap();
 }
 

@@ -92,6 +92,19 @@ fn browser_required() -> bool {
         || std::env::var("HEADROOM_REQUIRE_BROWSER").is_ok_and(|v| v == "1")
 }
 
+/// The browser to drive, or `None` (said on stderr) where there is none and none is required.
+fn chromium_or_skip() -> Option<String> {
+    let binary = chromium();
+    if binary.is_none() {
+        assert!(
+            !browser_required(),
+            "no Chromium found (install Debian's `chromium`, or set HEADROOM_CHROMIUM)"
+        );
+        eprintln!("skipped: no Chromium on PATH (CI requires one)");
+    }
+    binary
+}
+
 /// One headless Chromium with one page, spoken to over its DevTools websocket.
 struct Browser {
     child: tokio::process::Child,
@@ -224,6 +237,18 @@ impl Browser {
     }
 }
 
+impl Browser {
+    /// Waits (at most `within`) until the page says its data is `want` (`live`, `stale`).
+    async fn wait_state(&mut self, want: &str, within: Duration) -> Value {
+        self.wait_for(
+            "document.querySelector('main').dataset.state",
+            within,
+            |v| v == &json!(want),
+        )
+        .await
+    }
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
@@ -234,12 +259,7 @@ const TEXT_ROW: &str = r#"document.querySelector('#lanes tr[data-lane="text"]')"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
-    let Some(binary) = chromium() else {
-        assert!(
-            !browser_required(),
-            "no Chromium found (install Debian's `chromium`, or set HEADROOM_CHROMIUM)"
-        );
-        eprintln!("skipped: no Chromium on PATH (CI requires one)");
+    let Some(binary) = chromium_or_skip() else {
         return;
     };
     let up = serve_upstream::start().await;
@@ -369,13 +389,7 @@ async fn page_shows_lanes_live_and_the_429s_of_a_burst() {
 
     // The gateway goes away: the page must say its data is stale, not keep showing it as live.
     g.shutdown().await.unwrap();
-    let gone = browser
-        .wait_for(
-            "document.querySelector('main').dataset.state",
-            Duration::from_secs(15),
-            |v| v == &json!("stale"),
-        )
-        .await;
+    let gone = browser.wait_state("stale", Duration::from_secs(15)).await;
     assert_eq!(gone, json!("stale"));
 }
 
@@ -475,3 +489,116 @@ async fn page_without_javascript_is_a_table_and_needs_the_key() {
     );
     g.shutdown().await.unwrap();
 }
+
+const AUDIO_WAITING: &str = r#"document.querySelector('#lanes tr[data-lane="audio"] .waiting')"#;
+
+/// A transcription that waits on memory, on the real host pool: the fake audio upstream runs in
+/// its own Python process (its process tree is the pool's member, read from /proc), the first job
+/// holds the upstream for 8 s with a reservation of 600 MiB, and a second one cannot fit beside it
+/// in the 1000 MiB pool (600 + 64 MiB margin against about 390 MiB left) but will once the first
+/// ends. While it waits the page must say why: the pool's name, the need and margin, and the free
+/// figure the gate compared; then the job must get in (blocked for now, not refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_shows_why_an_audio_job_waits_for_memory() {
+    let Some(binary) = chromium_or_skip() else {
+        return;
+    };
+    let _serial = crate::memory::SERIAL.lock().await;
+    let upstream = crate::memory::AllocUpstream::start(16, 8000, 0);
+    let pool = crate::memory::Pool::new("600MiB");
+    let mut config = pool.config(&upstream.url);
+    config.lanes[0].spec.name = "audio".into();
+    let g = headroom_server::spawn(config, None)
+        .await
+        .expect("gateway starts");
+    let base = format!("http://{}", g.addr);
+    let mut browser = Browser::launch(&binary).await;
+    browser
+        .call("Page.navigate", json!({"url": format!("{base}/ui")}))
+        .await;
+    let state = browser.wait_state("live", Duration::from_secs(20)).await;
+    assert_eq!(state, json!("live"));
+
+    let (b1, b2) = (base.clone(), base.clone());
+    let first = tokio::spawn(async move {
+        crate::memory::transcribe(
+            &reqwest::Client::builder().no_proxy().build().unwrap(),
+            &b1,
+            None,
+        )
+        .await
+    });
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    crate::serve::wait_lane(&c, &base, "audio", Duration::from_secs(10), |l| {
+        l["inflight"] == 1
+    })
+    .await;
+    let second = tokio::spawn(async move {
+        crate::memory::transcribe(
+            &reqwest::Client::builder().no_proxy().build().unwrap(),
+            &b2,
+            None,
+        )
+        .await
+    });
+    let lanes = crate::serve::wait_lane(&c, &base, "audio", Duration::from_secs(5), |l| {
+        l["waiting_for"]["reason"] == "host_memory"
+    })
+    .await;
+    let audio = crate::serve::lane(&lanes, "audio");
+    assert_eq!(audio["waiting_for"]["reason"], "host_memory", "{audio}");
+    assert_eq!(audio["memory"]["pool"], "host RAM");
+    assert_eq!(lanes["memory"][0]["name"], "host RAM");
+    let read_free = lanes["memory"][0]["free_bytes"].as_u64().unwrap() as f64 / MIB;
+
+    // The lane's row says what holds it, with the figures.
+    let shown = browser
+        .wait_for(
+            &format!("{AUDIO_WAITING} ? {AUDIO_WAITING}.textContent : ''"),
+            Duration::from_secs(10),
+            |v| v.as_str().is_some_and(|s| s.contains("MiB free")),
+        )
+        .await;
+    let shown = shown.as_str().unwrap_or("").to_string();
+    assert!(
+        shown.starts_with("host RAM: needs 600.0 MiB + 64.0 MiB margin; "),
+        "waiting cell: {shown:?}"
+    );
+    let free: f64 = shown
+        .split("; ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB free").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no free figure in {shown:?}"));
+    assert!(
+        (free - read_free).abs() < 32.0 && free < 600.0 + 64.0 + 584.0,
+        "page says {free} MiB free, /admin/lanes {read_free} MiB"
+    );
+    assert!(shown.contains("MiB reserved"), "{shown:?}");
+    // The pool is named for what it is in the memory and ledger tables too.
+    let names = browser
+        .eval("[document.querySelector('#memory tbody td').textContent, document.querySelector('#ledger-table tbody td').textContent].join('|')")
+        .await;
+    assert_eq!(names, json!("host RAM|host RAM"));
+
+    // Blocked for now, not refused: the second job gets in once the first ends.
+    let (status, _, code, _) = first.await.unwrap();
+    assert_eq!(status, 200, "{code:?}");
+    let (status, _, code, waited) = second.await.unwrap();
+    assert_eq!(
+        status, 200,
+        "the waiting job gets in after the first: {code:?}"
+    );
+    assert!(waited >= Duration::from_secs(4), "it waited: {waited:?}");
+    let cleared = browser
+        .wait_for(
+            &format!("{AUDIO_WAITING} ? {AUDIO_WAITING}.textContent : 'none'"),
+            Duration::from_secs(10),
+            |v| v == &json!(""),
+        )
+        .await;
+    assert_eq!(cleared, json!(""), "nothing waits any more");
+    g.shutdown().await.unwrap();
+}
+
+const MIB: f64 = (1u64 << 20) as f64;

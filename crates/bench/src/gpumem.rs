@@ -18,6 +18,8 @@ pub struct GpuWatch {
     sampler: Option<Sampler>,
     reason: Option<String>,
     interval: Duration,
+    /// Each device's name, from the probe's first answer (a sampler's samples carry none).
+    names: BTreeMap<u32, String>,
 }
 
 impl GpuWatch {
@@ -34,7 +36,9 @@ impl GpuWatch {
         };
         // About an hour of ticks for every GPU, within ~50 MB; longer runs keep the newest hour
         // (the baseline is taken aside before the run starts).
-        let devices = probe.snapshot().map_or(1, |d| d.len().max(1));
+        let first = probe.snapshot().unwrap_or_default();
+        let names = first.iter().map(|d| (d.index, d.name.clone())).collect();
+        let devices = first.len().max(1);
         let capacity = (3_600_000 / interval.as_millis().max(1) as usize)
             .saturating_mul(devices)
             .clamp(1_000, 400_000);
@@ -47,6 +51,7 @@ impl GpuWatch {
                 sampler: Some(sampler),
                 reason: None,
                 interval,
+                names,
             },
             Err(e) => GpuWatch::unavailable(e.to_string(), interval),
         }
@@ -58,6 +63,7 @@ impl GpuWatch {
             sampler: None,
             reason: Some(reason),
             interval,
+            names: BTreeMap::new(),
         }
     }
 
@@ -88,7 +94,16 @@ impl GpuWatch {
         match self.sampler {
             None => (Vec::new(), self.reason, 0),
             Some(sampler) => match sampler.stop().await {
-                Ok(run) => (run.samples, None, run.stats.probe_errors),
+                Ok(mut run) => {
+                    // The first sample of each device carries its name, as in a sample file.
+                    let mut named = std::collections::BTreeSet::new();
+                    for s in &mut run.samples {
+                        if named.insert(s.gpu) && s.name.is_none() {
+                            s.name = self.names.get(&s.gpu).cloned();
+                        }
+                    }
+                    (run.samples, None, run.stats.probe_errors)
+                }
                 Err(e) => (Vec::new(), Some(e.to_string()), 0),
             },
         }
@@ -135,6 +150,22 @@ pub struct GpuReport {
     pub samples: u64,
     pub probe_errors: u64,
     pub series: Vec<GpuPoint>,
+}
+
+impl GpuReport {
+    /// What the memory figures are of, for titles: "host RAM" when they are the pool of a
+    /// `headroom up` on a CPU box, else "GPU memory".
+    pub fn label(&self) -> &'static str {
+        if self
+            .devices
+            .iter()
+            .any(|d| d.name.as_deref() == Some("host RAM"))
+        {
+            "host RAM"
+        } else {
+            "GPU memory"
+        }
+    }
 }
 
 /// One tick: the total over GPUs and each process's total.

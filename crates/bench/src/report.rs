@@ -503,7 +503,8 @@ pub fn table(r: &Report) -> String {
     if r.gpu.available {
         let _ = writeln!(
             out,
-            "GPU memory: baseline {}  peak {}  delta {:+.1} MiB",
+            "{}: baseline {}  peak {}  delta {:+.1} MiB",
+            r.gpu.label(),
             fmt_bytes(r.gpu.baseline_bytes),
             fmt_bytes(r.gpu.peak_bytes),
             r.gpu.delta_bytes.unwrap_or(0) as f64 / 1048576.0
@@ -626,7 +627,7 @@ pub fn markdown(r: &Report) -> String {
             k.rtfx.map(|x| format!("{x:.1}")).unwrap_or("–".into())
         );
     }
-    let _ = writeln!(out, "\n## GPU memory\n");
+    let _ = writeln!(out, "\n## {}\n", r.gpu.label());
     if r.gpu.available {
         let _ = writeln!(
             out,

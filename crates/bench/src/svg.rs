@@ -255,7 +255,7 @@ pub fn gpu_memory_timeline(report: &Report) -> String {
     header(
         &mut out,
         h,
-        &format!("GPU memory and requests — {}", report.scenario),
+        &format!("{} and requests — {}", report.gpu.label(), report.scenario),
     );
     let series = &report.gpu.series;
     let tmin = series

@@ -281,7 +281,8 @@ impl HandSetBox {
                     b.name
                 )));
             }
-            process::check_command(b).map_err(|e| DrillError::BadInput(e.to_string()))?;
+            process::check_command(b, &config.dir)
+                .map_err(|e| DrillError::BadInput(e.to_string()))?;
             process::check_port_free(&b.name, b.port)
                 .map_err(|e| DrillError::BadInput(e.to_string()))?;
             let (mut args, env) = if b.role == Role::Text {

@@ -356,6 +356,31 @@ pub struct LaneSnapshot {
     pub upstreams: Vec<UpstreamSnapshot>,
     /// Memory admission figures, for lanes that admit on memory.
     pub memory: Option<LaneMemorySnapshot>,
+    /// While requests are queued: why the first one could not start at its last check.
+    pub waiting_for: Option<WaitingFor>,
+}
+
+/// What holds the head of a lane's queue.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WaitingFor {
+    /// The refusal code the check gave (`lane_saturated`, `lane_yielding`, `host_memory`, ...).
+    pub reason: &'static str,
+    /// For memory: the job's need and margin beside the pool's free and reserved figures.
+    pub memory: Option<crate::ledger::MemoryShortfall>,
+}
+
+impl WaitingFor {
+    /// What held the head at its last check: the reason, with the figures of a memory hold.
+    fn from_hold(
+        reason: RejectReason,
+        memory: Option<crate::ledger::MemoryShortfall>,
+    ) -> WaitingFor {
+        let is_memory = matches!(reason, RejectReason::GpuMemory | RejectReason::HostMemory);
+        WaitingFor {
+            reason: reason.code(),
+            memory: memory.filter(|_| is_memory),
+        }
+    }
 }
 
 /// A lane's memory need: configured, learned, and the one in force.
@@ -743,6 +768,10 @@ impl Gate {
                         .map(|m| spec.max_inflight as f64 / m),
                     yielding: self.inner.higher_busy(&st, i, Instant::now()),
                     held_by: ls.held.filter(|_| !ls.queue.is_empty()).map(|r| r.code()),
+                    waiting_for: ls
+                        .held
+                        .filter(|_| !ls.queue.is_empty())
+                        .map(|r| WaitingFor::from_hold(r, ls.held_memory.clone())),
                     memory: spec.gpu.as_ref().map(|need| {
                         let learner = &st.learners[i];
                         let learned = learner.learned();
@@ -1628,8 +1657,18 @@ mod tests {
         let waiter = tokio::spawn(async move { g2.admit(0, AdmitRequest::default()).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(counts(&g, 0), (1, 1));
+        // The snapshot says what holds the queue: the need beside free and reserved.
+        let waiting = g.snapshot().lanes[0].waiting_for.clone().unwrap();
+        assert_eq!(waiting.reason, "gpu_memory");
+        let m = waiting.memory.unwrap();
+        assert_eq!(
+            (m.need_bytes, m.margin_bytes, m.free_bytes, m.reserved_bytes),
+            (1000, 500, Some(2000), 1000)
+        );
         drop(a);
-        assert!(waiter.await.unwrap().is_ok());
+        let b = waiter.await.unwrap().unwrap();
+        assert_eq!(g.snapshot().lanes[0].waiting_for, None);
+        drop(b);
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,7 +17,7 @@ pub(crate) type Map<K, V> = std::collections::HashMap<K, V, foldhash::fast::Rand
 
 pub use admission::{
     AdmitRequest, Gate, GateSnapshot, LaneMemorySnapshot, LaneSnapshot, Permit, PoolSnapshot,
-    UpstreamSnapshot,
+    UpstreamSnapshot, WaitingFor,
 };
 pub use cleanup::clean_transcript;
 pub use lane::{GateError, LaneSpec, PREEMPT_ALL, Policy, PreemptMode, RejectReason, Rejection};

@@ -164,6 +164,7 @@ mod tests {
             held_by: None,
             upstreams: Vec::new(),
             memory: None,
+            waiting_for: None,
         }
     }
 

@@ -7,6 +7,7 @@
 //! is the file `up` keeps its measurements in; [`listen`] names the process listening on a port;
 //! [`cgroup`] finds this process's memory cgroup and reads one (an [`EnforcedPool`] is a host pool
 //! whose use is the cgroup's charge).
+//! [`remote`] reads a running `up`'s pool for tools that have no NVML.
 
 pub mod calibration;
 pub mod cgroup;
@@ -15,6 +16,7 @@ pub mod leak;
 pub mod listen;
 pub mod nvml;
 pub mod probe;
+pub mod remote;
 pub mod sample;
 pub mod sampler;
 pub mod scripted;
@@ -30,6 +32,7 @@ pub use leak::{LeakConfig, LeakError, LeakReport, Verdict, verdict, verdict_with
 pub use listen::{ListenError, listening_pid, tree_listens, url_listener, url_port};
 pub use nvml::NvmlProbe;
 pub use probe::*;
+pub use remote::{RemotePool, device_from_box};
 pub use sample::{Sample, SampleFileError, SampleWriter, read_samples};
 pub use sampler::{Recorder, Sampler, SamplerConfig, SamplerError, SamplerRun, SamplerStats};
 pub use scripted::ScriptedProbe;

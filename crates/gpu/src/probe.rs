@@ -45,6 +45,9 @@ pub enum ProbeError {
     /// The memory cgroup of an enforced host pool could not be read.
     #[error("memory cgroup: {0}")]
     Cgroup(String),
+    /// A pool read from a running `headroom up` (its `/admin/box`) could not be read.
+    #[error("the box's pool: {0}")]
+    Remote(String),
 }
 
 impl ProbeError {
@@ -55,6 +58,7 @@ impl ProbeError {
             ProbeError::Nvml(_) => "nvml",
             ProbeError::NoSuchDevice(_) => "no_such_device",
             ProbeError::Cgroup(_) => "cgroup",
+            ProbeError::Remote(_) => "remote",
         }
     }
 }

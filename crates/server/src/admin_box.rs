@@ -146,10 +146,46 @@ pub fn unavailable(state: &AppState, lane: &str, upstreams: &[String]) -> Option
     Some(err)
 }
 
-/// The `/admin/box` handler.
+/// The pool as the gateway's memory feed last read it: `name`, `device`, `total_bytes`,
+/// `used_bytes`, `free_bytes`, `reading_age_seconds` (a tool without NVML, such as `top` on a CPU
+/// box, reads the pool from here). Without a reading: the capacity and the backends' memory now.
+fn pool_figures(s: &AppState, report: &BoxReport) -> serde_json::Value {
+    let device = s.config.memory.device;
+    let reading = s
+        .gate
+        .snapshot()
+        .memory
+        .into_iter()
+        .find(|p| p.device == device)
+        .and_then(|p| Some((p.total_bytes?, p.free_bytes?, p.reading_age_seconds)));
+    let (total, used, age) = match reading {
+        Some((total, free, age)) => (total, total.saturating_sub(free), age),
+        None => (
+            report.capacity_bytes,
+            report.backends.iter().map(|b| b.current_bytes).sum(),
+            None,
+        ),
+    };
+    serde_json::json!({
+        "name": s.pool_names.name(device),
+        "device": device,
+        "total_bytes": total,
+        "used_bytes": used,
+        "free_bytes": total.saturating_sub(used),
+        "reading_age_seconds": age,
+    })
+}
+
+/// The `/admin/box` handler: the supervisor's report, with the pool's figures now (`pool`).
 pub async fn handler(State(s): State<Arc<AppState>>) -> Response {
     match s.box_provider.get() {
-        Some(provider) => axum::Json(provider.report()).into_response(),
+        Some(provider) => {
+            let report = provider.report();
+            let pool = pool_figures(&s, &report);
+            let mut doc = serde_json::to_value(&report).unwrap_or_default();
+            doc["pool"] = pool;
+            axum::Json(doc).into_response()
+        }
         None => ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_route",

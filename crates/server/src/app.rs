@@ -44,6 +44,8 @@ pub struct AppState {
     pub ui: Arc<crate::ui::UiState>,
     /// The last load figure and readiness for a load balancer (agent check, ORCA header).
     pub balancer: crate::balancer::Signals,
+    /// What each memory pool is called (host RAM, GPU N with its name).
+    pub pool_names: Arc<crate::pools::PoolNames>,
     /// Set by `headroom up`: the box's backends, for `/admin/box` and 503s while one restarts.
     pub box_provider: std::sync::OnceLock<Arc<dyn crate::admin_box::BoxProvider>>,
     fallback_ids: AtomicU64,
@@ -68,7 +70,9 @@ impl AppState {
         let body_memory =
             crate::body_memory::BodyMemory::new(config.body_memory_cap(crate::health::mem_total()));
         let health = crate::health::HealthCache::new(upstream_list_of(&config));
+        let pool_names = Arc::new(crate::pools::PoolNames::new(config.memory.probe));
         AppState {
+            pool_names,
             endpoints,
             config,
             gate,
@@ -579,8 +583,24 @@ async fn metrics(State(s): State<Shared>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
+/// `GET /admin/lanes`: the gate's snapshot, each memory pool and each memory lane with the name
+/// of its pool (`name`, `pool`).
 async fn admin_lanes(State(s): State<Shared>) -> Response {
-    axum::Json(s.gate.snapshot()).into_response()
+    let mut doc = serde_json::to_value(s.gate.snapshot()).unwrap_or_default();
+    let name = |device: &serde_json::Value| {
+        serde_json::Value::from(s.pool_names.name(device.as_u64().unwrap_or(0) as u32))
+    };
+    if let Some(pools) = doc["memory"].as_array_mut() {
+        for pool in pools {
+            pool["name"] = name(&pool["device"]);
+        }
+    }
+    if let Some(lanes) = doc["lanes"].as_array_mut() {
+        for lane in lanes.iter_mut().filter(|l| l["memory"].is_object()) {
+            lane["memory"]["pool"] = name(&lane["memory"]["device"]);
+        }
+    }
+    axum::Json(doc).into_response()
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@ pub mod memory_config;
 pub mod memory_feed;
 pub mod multipart;
 pub mod pause;
+pub mod pools;
 pub mod proxy;
 mod request;
 pub mod retry_watch;
@@ -162,6 +163,7 @@ impl Gateway {
             learn_lanes,
             gate: self.state.gate.clone(),
             telemetry: self.state.telemetry.clone(),
+            names: self.state.pool_names.clone(),
         })
         .map(Some)
         .map_err(ServeError::Io)
@@ -230,6 +232,7 @@ impl Gateway {
             background.push(tokio::spawn(scrape::gpu_loop(
                 probe,
                 state.telemetry.clone(),
+                state.pool_names.clone(),
                 state.config.scrape_interval,
             )));
         }

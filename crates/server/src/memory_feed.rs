@@ -46,6 +46,8 @@ pub struct FeedSetup {
     pub learn_lanes: Vec<(usize, String)>,
     pub gate: Gate,
     pub telemetry: Arc<Telemetry>,
+    /// Where the name of each device read is kept for the page and the admin routes.
+    pub names: Arc<crate::pools::PoolNames>,
 }
 
 /// The running feed; dropping it stops the thread after its current probe call.
@@ -177,6 +179,7 @@ fn run(setup: FeedSetup, roots: Roots, stop: &AtomicBool, first: std::sync::mpsc
                 let owners = roots.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 trees.retain(&owners.values().copied().collect::<Vec<_>>());
                 for d in &devices {
+                    setup.names.note(d);
                     setup
                         .telemetry
                         .gauge(GPU_MEMORY_USED_BYTES, &[("gpu", &d.index.to_string())])

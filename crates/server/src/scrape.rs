@@ -202,7 +202,12 @@ async fn scrape_target_loop(
 }
 
 /// Publishes GPU memory in use every `interval`.
-pub async fn gpu_loop(probe: Arc<dyn GpuProbe>, telemetry: Arc<Telemetry>, interval: Duration) {
+pub async fn gpu_loop(
+    probe: Arc<dyn GpuProbe>,
+    telemetry: Arc<Telemetry>,
+    names: Arc<crate::pools::PoolNames>,
+    interval: Duration,
+) {
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -212,6 +217,7 @@ pub async fn gpu_loop(probe: Arc<dyn GpuProbe>, telemetry: Arc<Telemetry>, inter
             continue;
         };
         for d in devices {
+            names.note(&d);
             let index = d.index.to_string();
             telemetry
                 .gauge(GPU_MEMORY_USED_BYTES, &[("gpu", &index)])

@@ -13,6 +13,7 @@ use headroom_gate::GateSnapshot;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::pools::PoolNames;
 use crate::telemetry::{
     GPU_MEMORY_USED_BYTES, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL, REQUESTS_TOTAL, Telemetry,
     UPSTREAM_KV_CACHE_USAGE, UPSTREAM_REQUESTS_RUNNING, UPSTREAM_REQUESTS_WAITING,
@@ -98,15 +99,16 @@ impl UiState {
     }
 
     /// The page's JSON document, computed from the ring (rates over the last ten seconds,
-    /// quantiles over the last minute) and the current gate snapshot for limits.
-    pub fn view(&self, snapshot: &GateSnapshot) -> UiView {
+    /// quantiles over the last minute) and the current gate snapshot for limits; `names` names
+    /// the memory pools.
+    pub fn view(&self, snapshot: &GateSnapshot, names: &PoolNames) -> UiView {
         let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let extras = self
             .providers
             .iter()
             .filter_map(|(name, f)| f().map(|v| ((*name).to_string(), v)))
             .collect();
-        build_view(snapshot, &ring, extras)
+        build_view(snapshot, &ring, extras, names)
     }
 }
 
@@ -137,6 +139,31 @@ pub struct LaneView {
     /// Queue-wait quantiles of requests admitted in the last minute (`None` when none were).
     pub queue_wait_p50_seconds: Option<f64>,
     pub queue_wait_p99_seconds: Option<f64>,
+    /// While requests are queued: what holds the first one.
+    pub waiting_for: Option<WaitingView>,
+}
+
+/// What holds the head of a lane's queue, as the page shows it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WaitingView {
+    /// The refusal code of the head's last check (`host_memory`, `lane_yielding`, ...).
+    pub reason: String,
+    /// For memory: the pool (by name) and the figures the check compared.
+    pub pool: Option<String>,
+    pub need_bytes: Option<u64>,
+    pub margin_bytes: Option<u64>,
+    pub free_bytes: Option<u64>,
+    pub reserved_bytes: Option<u64>,
+    /// One line saying it: "host RAM: needs 182.3 MiB + 128.0 MiB margin; 94.5 MiB free, …".
+    pub text: String,
+}
+
+/// One memory pool as the page shows it: the ledger's figures and the pool's name.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PoolView {
+    pub name: String,
+    #[serde(flatten)]
+    pub pool: headroom_gate::PoolSnapshot,
 }
 
 /// Rejections of one code on one lane.
@@ -168,11 +195,13 @@ pub struct UiView {
     pub rejections: Vec<RejectionView>,
     /// Memory in use per device, newest sample.
     pub memory_used_bytes: BTreeMap<String, f64>,
+    /// The name of each device of `memory_used_bytes` and `ledger` ("host RAM", "GPU 0 (NAME)").
+    pub pool_names: BTreeMap<String, String>,
     /// Memory in use summed over devices, the last ten minutes.
     pub memory_history: Vec<MemoryPoint>,
     pub engines: Vec<EngineView>,
     /// The memory ledger's pools (reading, reservations) when lanes admit on memory.
-    pub ledger: Vec<headroom_gate::PoolSnapshot>,
+    pub ledger: Vec<PoolView>,
     /// Documents from providers (`box`, `ledger`) when present.
     pub extras: BTreeMap<String, Value>,
 }
@@ -322,11 +351,57 @@ fn counter_delta(now: f64, then: f64) -> f64 {
     if now >= then { now - then } else { now }
 }
 
+/// The sum of `values`, +0.0 when there are none (`Iterator::sum` of floats starts from -0.0,
+/// which JSON would show as `-0.0`).
+fn total(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |sum, v| sum + v)
+}
+
 fn sum_where(map: &BTreeMap<String, f64>, status: u16) -> f64 {
-    map.iter()
-        .filter(|(reason, _)| status_of(reason) == status)
-        .map(|(_, v)| v)
-        .sum()
+    total(
+        map.iter()
+            .filter(|(reason, _)| status_of(reason) == status)
+            .map(|(_, v)| *v),
+    )
+}
+
+/// Bytes as MiB with one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// What holds a lane's queue, with its pool's name and, for memory, the figures in one line.
+fn waiting_view(lane: &headroom_gate::LaneSnapshot, names: &PoolNames) -> Option<WaitingView> {
+    let waiting = lane.waiting_for.as_ref()?;
+    let Some(m) = &waiting.memory else {
+        return Some(WaitingView {
+            reason: waiting.reason.to_string(),
+            pool: None,
+            need_bytes: None,
+            margin_bytes: None,
+            free_bytes: None,
+            reserved_bytes: None,
+            text: waiting.reason.to_string(),
+        });
+    };
+    let pool = names.name(m.device);
+    let free = m
+        .free_bytes
+        .map_or("no reading".to_string(), |f| format!("{} free", mib(f)));
+    Some(WaitingView {
+        reason: waiting.reason.to_string(),
+        text: format!(
+            "{pool}: needs {} + {} margin; {free}, {} reserved",
+            mib(m.need_bytes),
+            mib(m.margin_bytes),
+            mib(m.reserved_bytes)
+        ),
+        pool: Some(pool),
+        need_bytes: Some(m.need_bytes),
+        margin_bytes: Some(m.margin_bytes),
+        free_bytes: m.free_bytes,
+        reserved_bytes: Some(m.reserved_bytes),
+    })
 }
 
 fn lane_view(
@@ -334,6 +409,7 @@ fn lane_view(
     newest: Option<&LaneCounts>,
     rate_base: Option<(&LaneCounts, f64)>,
     minute_base: Option<&LaneCounts>,
+    names: &PoolNames,
 ) -> LaneView {
     let empty = LaneCounts::default();
     let now = newest.unwrap_or(&empty);
@@ -370,6 +446,7 @@ fn lane_view(
         total_503,
         queue_wait_p50_seconds: bucket_quantile(0.5, &recent),
         queue_wait_p99_seconds: bucket_quantile(0.99, &recent),
+        waiting_for: waiting_view(lane, names),
     }
 }
 
@@ -377,6 +454,7 @@ fn build_view(
     snapshot: &GateSnapshot,
     ring: &VecDeque<Sample>,
     extras: BTreeMap<String, Value>,
+    names: &PoolNames,
 ) -> UiView {
     let newest = ring.back();
     let back = |n: usize| ring.len().checked_sub(n + 1).and_then(|i| ring.get(i));
@@ -397,7 +475,7 @@ fn build_view(
             let minute = minute_base
                 .filter(|b| newest.is_some_and(|n| n.unix_ms != b.unix_ms))
                 .and_then(|s| s.lanes.get(&l.name));
-            lane_view(l, now, rate, minute)
+            lane_view(l, now, rate, minute, names)
         })
         .collect();
     let mut rejections = Vec::new();
@@ -434,8 +512,20 @@ fn build_view(
         .filter(|s| !s.memory_used.is_empty())
         .map(|s| MemoryPoint {
             unix_ms: s.unix_ms,
-            used_bytes: s.memory_used.values().sum(),
+            used_bytes: total(s.memory_used.values().copied()),
         })
+        .collect();
+    let memory_used_bytes: BTreeMap<String, f64> =
+        newest.map(|s| s.memory_used.clone()).unwrap_or_default();
+    let pool_names = memory_used_bytes
+        .keys()
+        .filter_map(|k| Some((k.clone(), names.name(k.parse().ok()?))))
+        .chain(
+            snapshot
+                .memory
+                .iter()
+                .map(|p| (p.device.to_string(), names.name(p.device))),
+        )
         .collect();
     UiView {
         sampled_unix_ms: newest.map_or(0, |s| s.unix_ms),
@@ -443,10 +533,18 @@ fn build_view(
         draining: snapshot.draining,
         lanes,
         rejections,
-        memory_used_bytes: newest.map(|s| s.memory_used.clone()).unwrap_or_default(),
+        memory_used_bytes,
+        pool_names,
         memory_history,
         engines: newest.map(|s| s.engines.clone()).unwrap_or_default(),
-        ledger: snapshot.memory.clone(),
+        ledger: snapshot
+            .memory
+            .iter()
+            .map(|p| PoolView {
+                name: names.name(p.device),
+                pool: p.clone(),
+            })
+            .collect(),
         extras,
     }
 }
@@ -465,7 +563,7 @@ pub async fn sample_loop(ui: Arc<UiState>, gate: headroom_gate::Gate, telemetry:
 
 /// The page's document now, with the box's backends when `headroom up` runs this gateway.
 fn current_view(s: &crate::app::AppState) -> UiView {
-    let mut view = s.ui.view(&s.gate.snapshot());
+    let mut view = s.ui.view(&s.gate.snapshot(), &s.pool_names);
     if let Some(provider) = s.box_provider.get()
         && let Ok(report) = serde_json::to_value(provider.report())
     {
@@ -577,7 +675,7 @@ fn lanes_table(view: &UiView) -> String {
     let mut t = String::from(
         "<table id=\"lanes\"><thead><tr><th>lane</th><th>policy</th><th>in flight</th>\
          <th>queued</th><th>429/s</th><th>503/s</th><th>429 total</th><th>503 total</th>\
-         <th>queue wait p50</th><th>queue wait p99</th></tr></thead><tbody>",
+         <th>queue wait p50</th><th>queue wait p99</th><th>waiting for</th></tr></thead><tbody>",
     );
     for l in &view.lanes {
         let _ = write!(
@@ -586,7 +684,8 @@ fn lanes_table(view: &UiView) -> String {
              <td class=\"inflight\">{}/{}</td><td class=\"queued\">{}/{}</td>\
              <td class=\"r429\">{:.2}</td><td class=\"r503\">{:.2}</td>\
              <td class=\"t429\">{}</td><td class=\"t503\">{}</td>\
-             <td class=\"p50\">{}</td><td class=\"p99\">{}</td></tr>",
+             <td class=\"p50\">{}</td><td class=\"p99\">{}</td>\
+             <td class=\"waiting\">{}</td></tr>",
             l.inflight,
             l.max_inflight,
             l.queued,
@@ -597,6 +696,9 @@ fn lanes_table(view: &UiView) -> String {
             l.total_503,
             seconds_cell(l.queue_wait_p50_seconds),
             seconds_cell(l.queue_wait_p99_seconds),
+            l.waiting_for
+                .as_ref()
+                .map_or(String::new(), |w| escape(&w.text)),
             name = escape(&l.name),
             policy = escape(&l.policy),
             y = if l.yielding { " (yielding)" } else { "" },
@@ -634,10 +736,15 @@ fn memory_table(view: &UiView) -> String {
         "<table id=\"memory\"><thead><tr><th>device</th><th>in use</th></tr></thead><tbody>",
     );
     for (device, used) in &view.memory_used_bytes {
+        let name = view
+            .pool_names
+            .get(device)
+            .cloned()
+            .unwrap_or_else(|| format!("GPU {device}"));
         let _ = write!(
             t,
-            "<tr><td>GPU {}</td><td>{}</td></tr>",
-            escape(device),
+            "<tr><td>{}</td><td>{}</td></tr>",
+            escape(&name),
             bytes_cell(*used)
         );
     }
@@ -658,17 +765,19 @@ fn backends_table(view: &UiView) -> String {
     let mut t = enforce_line(&report["enforce"]);
     t.push_str(
         "<h3>Backends</h3><table id=\"backends\"><thead><tr><th>backend</th><th>role</th>\
-         <th>state</th><th>resident</th><th>peak</th><th>restarts</th><th>last exit</th></tr>\
-         </thead><tbody>",
+         <th>state</th><th>memory now</th><th>measured idle</th><th>peak</th><th>restarts</th>\
+         <th>last exit</th></tr></thead><tbody>",
     );
     for b in backends {
         let bytes = |k: &str| b[k].as_f64().map_or("–".to_string(), bytes_cell);
         let _ = write!(
             t,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"now\">{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td></tr>",
             escape(b["name"].as_str().unwrap_or("")),
             escape(b["role"].as_str().unwrap_or("")),
             escape(b["state"].as_str().unwrap_or("")),
+            bytes("current_bytes"),
             bytes("resident_bytes"),
             bytes("peak_bytes"),
             b["restarts"].as_u64().unwrap_or(0),
@@ -695,6 +804,35 @@ fn enforce_line(e: &serde_json::Value) -> String {
         bytes("usage_bytes"),
         e["oom_kills"].as_u64().unwrap_or(0)
     )
+}
+
+fn ledger_table(view: &UiView) -> String {
+    if view.ledger.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from(
+        "<h3>Memory ledger</h3><table id=\"ledger-table\"><thead><tr><th>pool</th><th>total</th>\
+         <th>free (read)</th><th>reserved</th><th>reservations</th><th>reading age</th></tr>\
+         </thead><tbody>",
+    );
+    let bytes = |v: Option<u64>| v.map_or("–".to_string(), |b| bytes_cell(b as f64));
+    for p in &view.ledger {
+        let _ = write!(
+            t,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"reserved\">{}</td>\
+             <td class=\"reservations\">{}</td><td>{}</td></tr>",
+            escape(&p.name),
+            bytes(p.pool.total_bytes),
+            bytes(p.pool.free_bytes),
+            bytes_cell(p.pool.reserved_bytes as f64),
+            p.pool.reservations,
+            p.pool
+                .reading_age_seconds
+                .map_or("none".to_string(), |a| format!("{a:.1} s"))
+        );
+    }
+    t.push_str("</tbody></table>");
+    t
 }
 
 fn engines_table(view: &UiView) -> String {
@@ -730,7 +868,7 @@ pub fn page(view: &UiView) -> String {
         "<main data-sampled=\"{}\">\
          <p id=\"status\" class=\"status\">server-rendered at {} (JavaScript off: reload to refresh)</p>\
          <section class=\"wide\"><h2>Lanes</h2>{}</section>\
-         <section><h2>Memory</h2>{}<div id=\"box\">{}</div><div id=\"ledger\"></div>\
+         <section><h2>Memory</h2>{}<div id=\"box\">{}</div><div id=\"ledger\">{}</div>\
          <svg id=\"chart\" viewBox=\"0 0 600 120\" preserveAspectRatio=\"none\" role=\"img\" \
          aria-label=\"memory in use, last 10 minutes\"></svg></section>\
          <section><h2>Engines</h2>{}</section>\
@@ -740,6 +878,7 @@ pub fn page(view: &UiView) -> String {
         lanes_table(view),
         memory_table(view),
         backends_table(view),
+        ledger_table(view),
         engines_table(view),
         rejections_table(view),
     );
@@ -752,6 +891,7 @@ pub fn page(view: &UiView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory_config::ProbeKind;
 
     #[test]
     fn quantile_interpolates_inside_the_bucket() {
@@ -811,7 +951,63 @@ mod tests {
             held_by: None,
             upstreams: Vec::new(),
             memory: None,
+            waiting_for: None,
         }
+    }
+
+    fn one_lane(lane: headroom_gate::LaneSnapshot) -> GateSnapshot {
+        GateSnapshot {
+            lanes: vec![lane],
+            total_inflight: 0,
+            max_inflight_total: None,
+            draining: false,
+            memory: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn no_count_is_negative_zero() {
+        // A lane with no rejections and a sample with no memory: sums over nothing.
+        let snapshot = one_lane(headroom_gate::LaneSnapshot {
+            name: "text".into(),
+            ..lane_snapshot()
+        });
+        let ui = UiState::default();
+        ui.record(&snapshot, "");
+        ui.record(&snapshot, "");
+        let view = ui.view(&snapshot, &PoolNames::new(ProbeKind::Host));
+        let json = serde_json::to_string(&view).unwrap();
+        assert!(!json.contains("-0.0"), "{json}");
+        assert!(json.contains("\"total_429\":0.0"), "{json}");
+    }
+
+    #[test]
+    fn a_lane_waiting_on_memory_shows_its_need_beside_free_and_reserved() {
+        const MIB: u64 = 1 << 20;
+        let snapshot = one_lane(headroom_gate::LaneSnapshot {
+            name: "whisper".into(),
+            queued: 1,
+            waiting_for: Some(headroom_gate::WaitingFor {
+                reason: "host_memory",
+                memory: Some(headroom_gate::MemoryShortfall {
+                    device: 0,
+                    free_bytes: Some(222 * MIB + MIB / 2),
+                    reserved_bytes: 0,
+                    need_bytes: 182 * MIB + 3 * MIB / 10,
+                    margin_bytes: 128 * MIB,
+                }),
+            }),
+            ..lane_snapshot()
+        });
+        let view = UiState::default().view(&snapshot, &PoolNames::new(ProbeKind::Host));
+        let waiting = view.lanes[0].waiting_for.clone().unwrap();
+        assert_eq!(
+            waiting.text,
+            "host RAM: needs 182.3 MiB + 128.0 MiB margin; 222.5 MiB free, 0.0 MiB reserved"
+        );
+        assert_eq!(waiting.pool.as_deref(), Some("host RAM"));
+        // The page without JavaScript says the same in the lane's row.
+        assert!(page(&view).contains(&waiting.text));
     }
 
     #[test]

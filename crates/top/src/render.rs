@@ -82,10 +82,14 @@ pub fn gpu_rows_needed(gpu: &GpuView) -> u16 {
 fn render_gpu(frame: &mut Frame, area: Rect, state: &TopState, gpu: &GpuView) {
     let s = &gpu.latest;
     let total = s.total();
+    // A card is "GPU N · its name"; host RAM (a pool read from `headroom up`) is named alone.
+    let label = if gpu.name == "host RAM" {
+        gpu.name.clone()
+    } else {
+        format!("GPU {} · {}", s.gpu, gpu.name)
+    };
     let mut title = format!(
-        " GPU {} · {} · {:.1}/{:.1} GiB ",
-        s.gpu,
-        gpu.name,
+        " {label} · {:.1}/{:.1} GiB ",
         s.used_bytes as f64 / GIB,
         total as f64 / GIB
     );

@@ -66,6 +66,8 @@ pub struct TopState {
     pub sort: SortKey,
     /// A problem worth one line at the bottom (probe error, end of replay).
     pub status: Option<String>,
+    /// Device names known before the samples (a live sampler's samples carry none).
+    pub names: BTreeMap<u32, String>,
 }
 
 impl TopState {
@@ -76,14 +78,16 @@ impl TopState {
             lanes: LanesView::Off,
             sort: SortKey::Memory,
             status: None,
+            names: BTreeMap::new(),
         }
     }
 
     /// Takes one sample in. Samples of a GPU are expected in time order; an older one than the
     /// newest seen is ignored.
     pub fn push(&mut self, sample: &Sample) {
+        let known = self.names.get(&sample.gpu).cloned();
         let view = self.gpus.entry(sample.gpu).or_insert_with(|| GpuView {
-            name: format!("GPU {}", sample.gpu),
+            name: known.unwrap_or_else(|| format!("GPU {}", sample.gpu)),
             latest: sample.clone(),
             history: VecDeque::new(),
         });

@@ -265,9 +265,33 @@ fn count(key: &str, v: Option<i64>, default: u64, min: i64) -> Result<u64, UpErr
     }
 }
 
+/// What the command line moves without editing the box file: the gateway's address and the
+/// backends' ports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// Replaces `[serve] listen`.
+    pub listen: Option<SocketAddr>,
+    /// Backend k (in file order, from 0) listens on `port_base + k`; `{port}` in its arguments
+    /// and its upstream follow.
+    pub port_base: Option<u16>,
+}
+
+/// The clause every path error ends with: which folder relative paths were taken from.
+pub fn relative_to(dir: &Path) -> String {
+    format!(
+        "relative paths start at the box file's folder, {}",
+        dir.display()
+    )
+}
+
 impl BoxConfig {
     /// Reads and validates a box file.
     pub fn load(path: &Path) -> Result<BoxConfig, UpError> {
+        Self::load_with(path, Overrides::default())
+    }
+
+    /// [`BoxConfig::load`] with the command line's overrides applied before validation.
+    pub fn load_with(path: &Path, overrides: Overrides) -> Result<BoxConfig, UpError> {
         let text = std::fs::read_to_string(path).map_err(|e| UpError::Io {
             what: format!("box file {}", path.display()),
             source: e,
@@ -279,11 +303,16 @@ impl BoxConfig {
             .unwrap_or_else(|| PathBuf::from("."));
         // Absolute, so paths mean the same from the backends' working folder (this one).
         let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
-        Self::parse(&text, &dir)
+        Self::parse_with(&text, &dir, overrides)
     }
 
     /// Parses a box file's text; `dir` is the folder relative paths start from.
     pub fn parse(text: &str, dir: &Path) -> Result<BoxConfig, UpError> {
+        Self::parse_with(text, dir, Overrides::default())
+    }
+
+    /// [`BoxConfig::parse`] with the command line's overrides.
+    pub fn parse_with(text: &str, dir: &Path, overrides: Overrides) -> Result<BoxConfig, UpError> {
         let raw: RawBox =
             toml::from_str(text).map_err(|e| UpError::Toml(flatten(&e.to_string())))?;
         if raw.backends.is_empty() {
@@ -295,6 +324,9 @@ impl BoxConfig {
         let mut backends = Vec::new();
         for (i, b) in raw.backends.into_iter().enumerate() {
             backends.push(backend(i, b, dir)?);
+        }
+        if let Some(base) = overrides.port_base {
+            move_ports(&mut backends, base)?;
         }
         check_backends(&backends)?;
         if raw.memory.probe.is_none() {
@@ -322,7 +354,11 @@ impl BoxConfig {
         {
             memory.calibration = Some(dir.join(c));
         }
-        let serve = serve_section(raw.serve.unwrap_or_default(), &backends)?;
+        let mut serve_table = raw.serve.unwrap_or_default();
+        if let Some(listen) = overrides.listen {
+            serve_table.insert("listen".into(), toml::Value::String(listen.to_string()));
+        }
+        let serve = serve_section(serve_table, &backends)?;
         lane_audio_seconds(&mut backends, &serve)?;
         let drift_margin = raw.drift_margin.unwrap_or(0.1);
         if !(drift_margin.is_finite() && drift_margin >= 0.0) {
@@ -664,7 +700,7 @@ fn warmup(
     {
         return Err(bad(
             k("warmup.file"),
-            format!("{} does not exist", f.display()),
+            format!("{} does not exist ({})", f.display(), relative_to(dir)),
         ));
     }
     Ok(Warmup {
@@ -679,6 +715,24 @@ fn warmup(
             Duration::from_secs(120),
         )?,
     })
+}
+
+/// Backend k listens on `base + k` (`--port-base`).
+fn move_ports(backends: &mut [BackendConfig], base: u16) -> Result<(), UpError> {
+    let last = u32::from(base) + backends.len() as u32 - 1;
+    if base == 0 || last > u32::from(u16::MAX) {
+        return Err(bad(
+            "--port-base",
+            format!(
+                "{base} leaves no room for {} backend ports (1-65535)",
+                backends.len()
+            ),
+        ));
+    }
+    for (k, b) in backends.iter_mut().enumerate() {
+        b.port = base + k as u16;
+    }
+    Ok(())
 }
 
 fn check_backends(backends: &[BackendConfig]) -> Result<(), UpError> {
@@ -788,12 +842,21 @@ pub fn resolve_model(dir: &Path, model: &str) -> Result<String, UpError> {
         return found
             .next()
             .map(|p| p.display().to_string())
-            .ok_or_else(|| bad("model", format!("no file matches {pattern}")));
+            .ok_or_else(|| {
+                bad(
+                    "model",
+                    format!("no file matches {pattern} ({})", relative_to(dir)),
+                )
+            });
     }
     if model.starts_with('.') || model.starts_with('/') {
         return Err(bad(
             "model",
-            format!("{} does not exist", candidate.display()),
+            format!(
+                "{} does not exist ({})",
+                candidate.display(),
+                relative_to(dir)
+            ),
         ));
     }
     Ok(model.to_string())
@@ -967,6 +1030,60 @@ max_output_tokens = 256
         assert_eq!(asr.model, "microsoft/VibeVoice-ASR");
         assert_eq!(asr.max_audio_seconds, 3600.0);
         assert_eq!(b.text().unwrap().engine, Engine::Vllm);
+    }
+
+    #[test]
+    fn the_command_line_moves_the_gateway_and_the_backends() {
+        let moved = Overrides {
+            listen: Some("127.0.0.1:19299".parse().unwrap()),
+            port_base: Some(19250),
+        };
+        let b = BoxConfig::parse_with(MINIMAL, Path::new("/box"), moved).unwrap();
+        assert_eq!(b.serve.listen.to_string(), "127.0.0.1:19299");
+        // In file order from the base; `{port}`, the upstream and the pool's members follow.
+        assert_eq!((b.backends[0].port, b.backends[1].port), (19250, 19251));
+        assert_eq!(b.backends[0].expanded_args(), vec!["--port", "19250"]);
+        assert_eq!(b.backends[1].upstream(), "http://127.0.0.1:19251");
+        assert!(
+            b.memory
+                .watch
+                .contains(&"http://127.0.0.1:19250".to_string())
+        );
+        assert!(!b.memory.watch.iter().any(|u| u.ends_with(":20081")));
+        // A gateway moved onto a backend's new port, or a base with no room, is refused.
+        let clash = Overrides {
+            listen: Some("127.0.0.1:19251".parse().unwrap()),
+            port_base: Some(19250),
+        };
+        let e = BoxConfig::parse_with(MINIMAL, Path::new("/box"), clash).unwrap_err();
+        assert!(e.to_string().contains("also a backend's port"), "{e}");
+        let full = Overrides {
+            port_base: Some(65535),
+            ..Overrides::default()
+        };
+        let e = BoxConfig::parse_with(MINIMAL, Path::new("/box"), full).unwrap_err();
+        assert!(e.to_string().contains("--port-base"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_relative_path_names_the_folder_it_was_taken_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = MINIMAL.replace(
+            "port = 20081\n",
+            "port = 20081\n[backends.warmup]\nfile = \"../clips/fox.wav\"\n",
+        );
+        let e = BoxConfig::parse(&text, dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "relative paths start at the box file's folder, {}",
+                dir.path().display()
+            )),
+            "{e}"
+        );
+        let e = resolve_model(dir.path(), "./models/m.gguf")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&dir.path().display().to_string()), "{e}");
     }
 
     #[test]

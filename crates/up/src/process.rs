@@ -321,9 +321,12 @@ pub fn check_port_free(name: &str, port: u16) -> Result<(), UpError> {
 }
 
 /// Finds `command` the way the shell would (a path with `/` as is, else on `PATH`).
-pub fn check_command(backend: &BackendConfig) -> Result<(), UpError> {
+/// Whether the backend's program exists: a path (relative ones were taken from `dir`, the box
+/// file's folder, which the error names) or a name found on `PATH`.
+pub fn check_command(backend: &BackendConfig, dir: &Path) -> Result<(), UpError> {
     let cmd = &backend.command;
-    let found = if cmd.components().count() > 1 || cmd.is_absolute() {
+    let is_path = cmd.components().count() > 1 || cmd.is_absolute();
+    let found = if is_path {
         cmd.is_file()
     } else {
         std::env::var_os("PATH")
@@ -336,7 +339,11 @@ pub fn check_command(backend: &BackendConfig) -> Result<(), UpError> {
         Err(UpError::Spawn {
             backend: backend.name.clone(),
             command: cmd.display().to_string(),
-            reason: "no such program".into(),
+            reason: if is_path {
+                format!("no such program ({})", crate::boxfile::relative_to(dir))
+            } else {
+                "no such program on PATH".into()
+            },
         })
     }
 }
@@ -452,9 +459,9 @@ pub(crate) mod tests {
 
     #[test]
     fn a_missing_command_is_named() {
-        let e = check_command(&backend("no-such-program-xyz", &[])).unwrap_err();
+        let e = check_command(&backend("no-such-program-xyz", &[]), Path::new("/")).unwrap_err();
         assert!(e.to_string().contains("no-such-program-xyz"), "{e}");
-        assert!(check_command(&backend("sh", &[])).is_ok());
+        assert!(check_command(&backend("sh", &[]), Path::new("/")).is_ok());
     }
 
     #[test]

@@ -411,11 +411,21 @@ fn enforce_capacity(config: &BoxConfig, opts: &UpOptions) -> Result<Option<BoxCg
     BoxCgroup::create(&name, capacity, &say).map(Some)
 }
 
-/// Everything that can fail before a process starts: commands, ports, warm-up files, the model.
+/// Everything that can fail before a process starts: paths (see [`check_paths`]), then ports.
 fn preflight(config: &BoxConfig) -> Result<(), UpError> {
+    check_paths(config)?;
     for b in &config.backends {
-        process::check_command(b)?;
         process::check_port_free(&b.name, b.port)?;
+    }
+    Ok(())
+}
+
+/// Every path the box names, as `up --check` checks them: each backend's program, its warm-up
+/// file (readable), the models. A relative path that is missing is reported with the folder it
+/// was taken from (the box file's).
+pub fn check_paths(config: &BoxConfig) -> Result<(), UpError> {
+    for b in &config.backends {
+        process::check_command(b, &config.dir)?;
         if let Some(w) = &b.warmup {
             warmup::prepare(b, w)?;
         }

@@ -39,7 +39,9 @@ pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, asked: Option<&HeaderVa
     deadline
 }
 
-/// Waits for a permit on the lane (at most until the deadline) and records the queue wait.
+/// Waits for a permit on the lane (at most until the deadline) and records the queue wait: of
+/// the admitted, and of those that timed out in the queue (their whole wait), so the lane's
+/// queue-wait quantiles never look short while requests give up waiting.
 pub(super) async fn admit(
     s: &AppState,
     lane: Lane<'_>,
@@ -51,10 +53,21 @@ pub(super) async fn admit(
         wait_until: Some(deadline.at),
         audio_unknown: seen.has_audio && seen.audio_seconds.is_none(),
     };
-    let permit = s.gate.admit(lane.index, request).await?;
-    s.telemetry
-        .queue_wait(lane.index, permit.queue_wait().as_secs_f64());
-    Ok(permit)
+    let asked = Instant::now();
+    match s.gate.admit(lane.index, request).await {
+        Ok(permit) => {
+            s.telemetry
+                .queue_wait(lane.index, permit.queue_wait().as_secs_f64());
+            Ok(permit)
+        }
+        Err(rejection) => {
+            if rejection.reason == RejectReason::QueueTimeout {
+                s.telemetry
+                    .queue_wait(lane.index, asked.elapsed().as_secs_f64());
+            }
+            Err(rejection)
+        }
+    }
 }
 
 /// Counts a refusal and answers it: with the fallback where the lane and policy allow, else an error.

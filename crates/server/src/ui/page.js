@@ -57,7 +57,8 @@
         { text: l.total_429, cls: "t429" },
         { text: l.total_503, cls: "t503" },
         { text: secs(l.queue_wait_p50_seconds), cls: "p50" },
-        { text: secs(l.queue_wait_p99_seconds), cls: "p99" }
+        { text: secs(l.queue_wait_p99_seconds), cls: "p99" },
+        { text: l.waiting_for ? l.waiting_for.text : "", cls: "waiting" + (l.waiting_for && l.waiting_for.pool ? " hot" : "") }
       ];
     }, "no lanes");
   }
@@ -65,8 +66,9 @@
     var devices = Object.keys(s.memory_used_bytes).map(function (k) {
       return { device: k, used: s.memory_used_bytes[k] };
     });
+    var names = s.pool_names || {};
     rows("memory", devices, function (d) {
-      return [{ text: "GPU " + d.device }, { text: gib(d.used) }];
+      return [{ text: names[d.device] || "GPU " + d.device }, { text: gib(d.used) }];
     }, "no memory probe");
     var box = document.getElementById("box");
     while (box.firstChild) box.removeChild(box.firstChild);
@@ -81,10 +83,11 @@
     }
     if (b && b.backends) {
       box.appendChild(el("h3", "Backends"));
-      var t = table("backends", ["backend", "role", "state", "resident", "peak", "restarts", "last exit"]);
+      var t = table("backends", ["backend", "role", "state", "memory now", "measured idle", "peak", "restarts", "last exit"]);
       box.appendChild(t);
       rows("backends", b.backends, function (x) {
         return [{ text: x.name }, { text: x.role }, { text: x.state },
+                { text: x.current_bytes == null ? "\u2013" : gib(x.current_bytes), cls: "now" },
                 { text: x.resident_bytes == null ? "\u2013" : gib(x.resident_bytes) },
                 { text: x.peak_bytes == null ? "\u2013" : gib(x.peak_bytes) },
                 { text: x.restarts },
@@ -99,7 +102,7 @@
       var lt = table("ledger-table", ["pool", "total", "free (read)", "reserved", "reservations", "reading age"]);
       ledger.appendChild(lt);
       rows("ledger-table", pools, function (d) {
-        return [{ text: d.kind + " " + d.device },
+        return [{ text: d.name || d.kind + " " + d.device },
                 { text: d.total_bytes == null ? "\u2013" : gib(d.total_bytes) },
                 { text: d.free_bytes == null ? "\u2013" : gib(d.free_bytes) },
                 { text: gib(d.reserved_bytes || 0), cls: "reserved" },

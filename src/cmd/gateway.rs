@@ -1,6 +1,8 @@
-//! Reads the lanes of a running `headroom serve` from `GET <gateway>/admin/lanes`. A plain
-//! HTTP/1.0 GET over a TCP socket with short timeouts: the admin endpoint listens on loopback and
-//! answers a small JSON document, so no HTTP client library is pulled in for it.
+//! Reads a running `headroom serve` or `headroom up` gateway's admin documents: its lanes
+//! (`GET /admin/lanes`, for `top`) and its box (`GET /admin/box`, the pool `up` measures, for
+//! `top`, `bench` and `soak` where there is no NVML). A plain HTTP/1.0 GET over a TCP socket with
+//! short timeouts: the admin endpoints listen on loopback and answer small JSON documents, so no
+//! HTTP client library is pulled in for them (and the pool reader runs on a plain thread).
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -24,16 +26,21 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Accepts `http://host:port[/prefix]`; `host:port` alone means http.
+    /// Accepts `http://host:port[/prefix]` given as `--gateway`; `host:port` alone means http.
     pub fn parse(url: &str) -> Result<Self, String> {
+        Self::parse_flag("--gateway", url)
+    }
+
+    /// [`Gateway::parse`] for a URL given as `flag` (named in the errors).
+    pub fn parse_flag(flag: &str, url: &str) -> Result<Self, String> {
         let rest = if let Some(rest) = url.strip_prefix("http://") {
             rest
         } else if url.starts_with("https://") {
             return Err(format!(
-                "--gateway {url}: https is not supported; the admin endpoint of headroom serve is plain http on loopback"
+                "{flag} {url}: https is not supported; the admin endpoint of headroom serve is plain http on loopback"
             ));
         } else if url.contains("://") {
-            return Err(format!("--gateway {url}: only http:// URLs are supported"));
+            return Err(format!("{flag} {url}: only http:// URLs are supported"));
         } else {
             url
         };
@@ -42,7 +49,7 @@ impl Gateway {
             None => (rest, ""),
         };
         if authority.is_empty() {
-            return Err(format!("--gateway {url}: no host"));
+            return Err(format!("{flag} {url}: no host"));
         }
         let authority = if authority
             .rsplit_once(':')
@@ -86,6 +93,21 @@ impl Gateway {
             .get("/admin/lanes")
             .map_err(|e| format!("{url}: {e}"))?;
         parse_lanes(&body).map_err(|e| format!("{url}: {e}"))
+    }
+
+    /// The URL of the box document, for messages.
+    pub fn box_url(&self) -> String {
+        format!("http://{}{}/admin/box", self.authority, self.base_path)
+    }
+
+    /// The pool of the `headroom up` behind this gateway, read from `/admin/box` every `every`
+    /// on a thread of its own. Fails (one line, naming the URL) when there is none: a plain
+    /// `serve` answers 404 there.
+    pub fn box_pool(&self, every: Duration) -> Result<headroom_gpu::RemotePool, String> {
+        let url = self.box_url();
+        let gateway = self.clone();
+        headroom_gpu::RemotePool::start(move || gateway.get("/admin/box"), every)
+            .map_err(|e| format!("{url}: {e}"))
     }
 
     fn get(&self, path: &str) -> Result<String, String> {
