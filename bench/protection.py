@@ -310,9 +310,10 @@ def start_up(binary: str, workdir: pathlib.Path, recalibrate: bool):
     every port a free one; the calibration file beside the copy). Returns (process, gateway base,
     its llama.cpp URL) once every backend is ready."""
     text = (ROOT / "examples" / "cpu-box.up.toml").read_text().replace('"../', f'"{ROOT}/')
-    port, whisper, llama = free_port(), free_port(), free_port()
+    port, whisper, tts, llama = free_port(), free_port(), free_port(), free_port()
     text = re.sub(r'^listen = ".*"$', f'listen = "127.0.0.1:{port}"', text, flags=re.M)
     text = text.replace("port = 18281", f"port = {whisper}").replace("port = 18280", f"port = {llama}")
+    text = text.replace("port = 18282", f"port = {tts}")
     box = workdir / "box.up.toml"
     box.write_text(text)
     args = [binary, "up", "--config", str(box), "--log-dir", str(workdir / "logs")]

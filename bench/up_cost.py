@@ -63,15 +63,16 @@ def threads(pid: int) -> dict:
 
 
 def box_copy(folder: pathlib.Path, base: int, interval: str) -> pathlib.Path:
-    """The example box with absolute paths, its ports moved to base+80/+81 and the gateway to
+    """The example box with absolute paths, its ports moved to base+80/+81/+82 and the gateway to
     base+2."""
     text = BOX.read_text()
     text = text.replace('"../', f'"{ROOT}/')
     text = re.sub(r"(?m)^port = 18281$", f"port = {base + 81}", text)
     text = re.sub(r"(?m)^port = 18280$", f"port = {base + 80}", text)
+    text = re.sub(r"(?m)^port = 18282$", f"port = {base + 82}", text)
     text = re.sub(r'(?m)^listen = "127\.0\.0\.1:8280"$', f'listen = "127.0.0.1:{base + 2}"', text)
     text = re.sub(r'(?m)^sample_interval = "[^"]*"$', f'sample_interval = "{interval}"', text)
-    for want in (f"port = {base + 81}", f"port = {base + 80}", f":{base + 2}"):
+    for want in (f"port = {base + 81}", f"port = {base + 82}", f"port = {base + 80}", f":{base + 2}"):
         if want not in text:
             sys.exit(f"up_cost: the example box changed shape ({want!r} not written); fix box_copy")
     path = folder / "box.up.toml"

@@ -58,11 +58,13 @@ def require_backends():
 class Box:
     def __init__(self, tmp: pathlib.Path, capacity: str, extra_edit=None, name="box"):
         self.whisper_port = free_port()
+        self.tts_port = free_port()
         self.llm_port = free_port()
         self.port = free_port()
         text = EXAMPLE.read_text()
         text = text.replace('"../', f'"{ROOT}/')
         text = text.replace("port = 18281", f"port = {self.whisper_port}")
+        text = text.replace("port = 18282", f"port = {self.tts_port}")
         text = text.replace("port = 18280", f"port = {self.llm_port}")
         text = text.replace("127.0.0.1:8280", f"127.0.0.1:{self.port}")
         text = re.sub(r'^capacity = ".*"$', f'capacity = "{capacity}"', text, flags=re.M)
@@ -77,9 +79,11 @@ class Box:
     def reuse_ports_of(self, other: "Box"):
         text = self.path.read_text()
         text = text.replace(f"port = {self.whisper_port}", f"port = {other.whisper_port}")
+        text = text.replace(f"port = {self.tts_port}", f"port = {other.tts_port}")
         text = text.replace(f"port = {self.llm_port}", f"port = {other.llm_port}")
         text = text.replace(f"127.0.0.1:{self.port}", f"127.0.0.1:{other.port}")
         self.whisper_port, self.llm_port, self.port = other.whisper_port, other.llm_port, other.port
+        self.tts_port = other.tts_port
         self.base = other.base
         self.path.write_text(text)
 
@@ -130,6 +134,11 @@ def backend(report, name):
     return next(b for b in report["backends"] if b["name"] == name)
 
 
+def audio_peaks(report):
+    """What the audio backends (whisper and the speech server) peaked at, together."""
+    return sum(b["peak_bytes"] for b in report["backends"] if b["role"] == "audio")
+
+
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory):
     require_backends()
@@ -170,10 +179,10 @@ def slots_flags(llm_pid: int):
 
 def test_text_flags_follow_from_capacity_minus_peak_minus_margin(running):
     box, report, _, _ = running
-    w, llm = backend(report, "whisper"), backend(report, "llm")
+    w, tts, llm = backend(report, "whisper"), backend(report, "tts"), backend(report, "llm")
     assert report["capacity_bytes"] == 1024 * MIB
     assert report["margin_bytes"] == 128 * MIB
-    assert report["text_budget_bytes"] == 1024 * MIB - w["peak_bytes"] - 128 * MIB
+    assert report["text_budget_bytes"] == 1024 * MIB - w["peak_bytes"] - tts["peak_bytes"] - 128 * MIB
     ctx, parallel = slots_flags(llm["pid"])
     assert llm["flags"][:4] == ["-c", str(ctx), "--parallel", str(parallel)]
     # llama.cpp itself reports the per-slot context it was given.
@@ -190,6 +199,42 @@ def test_text_flags_follow_from_capacity_minus_peak_minus_margin(running):
     assert text["max_inflight"] == parallel
     metrics = httpx.get(f"{box.base}/metrics", timeout=5).text
     assert f'headroom_box_backend_peak_bytes{{backend="whisper",role="audio"}} {w["peak_bytes"]}' in metrics
+
+
+def test_the_speech_lane_costs_what_the_warm_up_measured(running, tmp):
+    """The speech server's warm-up answers with audio: `up` keeps its seconds of speech per input
+    character, and the speech lane estimates a request's audio from it. Checked against speech this
+    test asks the speech server for itself and times from the WAV it gets, and through the
+    gateway with the official client."""
+    import openai
+    from test_tts import wav_seconds
+
+    box, report, _, _ = running
+    warmup = json.loads(re.search(r"^json = '(.*)'$", EXAMPLE.read_text().split('name = "tts"', 1)[1],
+                                  flags=re.M).group(1))
+    direct = httpx.post(f"http://127.0.0.1:{box.tts_port}/v1/audio/speech", json=warmup, timeout=60)
+    assert direct.status_code == 200, direct.text
+    own_rate = wav_seconds(direct.content) / len(warmup["input"])
+    kept = json.loads(box.path.with_name("box.up.calibration.json").read_text())["backends"]["tts"]
+    print(f"speech rate: up kept {kept.get('speech_seconds_per_char')} s/char, this test {own_rate:.4f}")
+    # piper speaks the same input at the same length each time: within 5 %.
+    assert kept.get("speech_seconds_per_char") is not None, kept
+    assert abs(kept["speech_seconds_per_char"] - own_rate) <= 0.05 * own_rate
+    # And it is not serve's default (0.07), which the lane would have had without the warm-up.
+    assert abs(own_rate - 0.07) > 0.005, own_rate
+    tts = backend(report, "tts")
+    assert tts["role"] == "audio" and tts["state"] == "ready"
+    c = openai.OpenAI(base_url=f"{box.base}/v1", api_key="unused-on-loopback", max_retries=0, timeout=120)
+    whole = c.audio.speech.create(model="tts-1", voice="alloy", input="The box is ready for the night.",
+                                  response_format="wav")
+    assert wav_seconds(whole.content) > 1.0
+    with c.audio.speech.with_streaming_response.create(model="tts-1", voice="alloy", response_format="wav",
+                                                       input="First sentence here. And a second one.") as r:
+        streamed = b"".join(r.iter_bytes())
+    assert wav_seconds(streamed) > 1.5
+    lanes = httpx.get(f"{box.base}/admin/lanes", timeout=5).json()
+    lane = next(l for l in lanes["lanes"] if l["name"] == "tts")
+    assert lane["completed"] >= 2, lane
 
 
 def test_kill_9_restarts_with_503_in_between(running):
@@ -241,8 +286,8 @@ def test_sigterm_leaves_no_process_and_a_second_up_starts_on_the_same_ports(runn
     left = {g: group_members(g) for g in groups}
     assert not any(left.values()), left
     # Same ports, lower capacity: less context for llama.cpp (the calibration file keeps
-    # whisper's figures, so it is not measured again).
-    second = Box(tmp, "800MiB")
+    # the audio backends' figures, so they are not measured again).
+    second = Box(tmp, "900MiB")
     second.reuse_ports_of(box)
     calib = box.path.with_name("box.up.calibration.json")
     assert calib.exists()
@@ -252,10 +297,11 @@ def test_sigterm_leaves_no_process_and_a_second_up_starts_on_the_same_ports(runn
     try:
         r2 = second.wait_ready()
         ctx2, par2 = slots_flags(backend(r2, "llm")["pid"])
-        ctx1, par1 = (int(x) for x in (report["backends"][1]["flags"][1], report["backends"][1]["flags"][3]))
-        print(f"capacity 1GiB: -c {ctx1} --parallel {par1}; 800MiB: -c {ctx2} --parallel {par2}")
+        flags1 = backend(report, "llm")["flags"]
+        ctx1, par1 = int(flags1[1]), int(flags1[3])
+        print(f"capacity 1GiB: -c {ctx1} --parallel {par1}; 900MiB: -c {ctx2} --parallel {par2}")
         assert ctx2 < ctx1 and par2 <= par1
-        assert r2["text_budget_bytes"] == 800 * MIB - backend(r2, "whisper")["peak_bytes"] - 128 * MIB
+        assert r2["text_budget_bytes"] == 900 * MIB - audio_peaks(r2) - 128 * MIB
         assert "warm-up skipped" in second.stderr_text()
     finally:
         second.stop()
@@ -360,3 +406,4 @@ def test_kill_9_of_up_itself_leaves_no_backend(tmp):
     print(f"kill -9 of up: {before} gone after {took:.1f} s")
     assert not any(left.values()), left
     assert took < 5, f"the backends outlived up by {took:.1f} s"
+

@@ -585,6 +585,7 @@ pub(crate) fn calibration_file(path: &Path, probe: &str, backends: &[(&str, &str
                 resident_bytes: peak / 2,
                 peak_bytes: *peak,
                 peak_per_audio_second_bytes: None,
+                speech_seconds_per_char: None,
                 warmup_runs: 3,
                 date: String::new(),
             },

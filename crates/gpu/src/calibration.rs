@@ -95,6 +95,10 @@ pub struct BackendCalibration {
     /// `(peak − resident) / audio seconds` of the warm-up job, where the job has a duration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_per_audio_second_bytes: Option<f64>,
+    /// A speech backend: seconds of speech per input character at speed 1, from the audio its
+    /// warm-up job answered with (the speech lane's `speech_seconds_per_char`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech_seconds_per_char: Option<f64>,
     /// How many warm-up jobs the figures come from.
     #[serde(default)]
     pub warmup_runs: u32,
@@ -287,6 +291,7 @@ mod tests {
                 resident_bytes: 300 << 20,
                 peak_bytes: 360 << 20,
                 peak_per_audio_second_bytes: Some(1.5e6),
+                speech_seconds_per_char: None,
                 warmup_runs: 3,
                 date: String::new(),
             },
@@ -300,6 +305,7 @@ mod tests {
                 resident_bytes: 100 << 20,
                 peak_bytes: 140 << 20,
                 peak_per_audio_second_bytes: None,
+                speech_seconds_per_char: None,
                 warmup_runs: 1,
                 date: String::new(),
             },
@@ -313,6 +319,7 @@ mod tests {
                 resident_bytes: 900 << 20,
                 peak_bytes: 950 << 20,
                 peak_per_audio_second_bytes: None,
+                speech_seconds_per_char: None,
                 warmup_runs: 0,
                 date: String::new(),
             },

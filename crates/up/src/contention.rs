@@ -120,7 +120,7 @@ pub async fn measure(
         None => {
             let mut fastest = Duration::MAX;
             for _ in 0..ROUNDS {
-                fastest = fastest.min(warmup::run(client, job).await?);
+                fastest = fastest.min(warmup::run(client, job).await?.took);
             }
             fastest
         }
@@ -135,7 +135,7 @@ pub async fn measure(
         let from = Instant::now();
         let took = warmup::run(client, job).await;
         let (stamps, finished) = stream.stop();
-        let took = took?;
+        let took = took?.took;
         if finished {
             return Err(format!(
                 "the text generation ended before the audio job did ({} chunks)",

@@ -107,6 +107,7 @@ mod tests {
             resident_bytes: 193 * MIB,
             peak_bytes: 269 * MIB,
             peak_per_audio_second_bytes: None,
+            speech_seconds_per_char: None,
             warmup_runs: 3,
             date: String::new(),
         }

@@ -29,6 +29,9 @@ pub struct LaneFigures {
     pub gives_way_to: Vec<String>,
     /// Text: how long an admitted audio job waits for stopped generations to leave the engine.
     pub preempt_settle: Option<Duration>,
+    /// Speech: seconds of speech per input character, measured by the warm-up (the lane's
+    /// `speech_seconds_per_char`, from which its jobs' audio seconds are estimated).
+    pub speech_seconds_per_char: Option<f64>,
 }
 
 impl LaneFigures {
@@ -41,6 +44,7 @@ impl LaneFigures {
             max_inflight,
             gives_way_to: Vec::new(),
             preempt_settle: None,
+            speech_seconds_per_char: None,
         }
     }
 }
@@ -111,6 +115,9 @@ fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
                     "max_audio_seconds".into(),
                     toml::Value::Float(a.max_audio_seconds),
                 );
+            }
+            if let Some(rate) = f.speech_seconds_per_char {
+                t.insert("speech_seconds_per_char".into(), toml::Value::Float(rate));
             }
             if let Some(per_second) = f.per_audio_second_bytes {
                 t.insert("gpu_memory_per_audio_second".into(), i(per_second));
@@ -251,6 +258,37 @@ max_output_tokens = 128
         assert_eq!(llm.spec.yield_to, vec!["stt"]);
         assert_eq!(llm.max_output_tokens, Some(128));
         assert!(llm.paths.contains(&"/v1/chat/completions".to_string()));
+    }
+
+    #[test]
+    fn a_speech_lane_takes_the_measured_speech_rate_and_serve_its_default_without_one() {
+        let with_tts = BOX.replace(
+            "[[backends]]\nname = \"llm\"",
+            "[[backends]]\nname = \"tts\"\nrole = \"audio\"\ncommand = \"z\"\nport = 20082\n[backends.warmup]\npath = \"/v1/audio/speech\"\njson = '{\"input\":\"hi\"}'\n\n[[backends]]\nname = \"llm\"",
+        );
+        let b = BoxConfig::parse(&with_tts, Path::new("/")).unwrap();
+        assert_eq!(
+            b.backends.len(),
+            3,
+            "the box file gained its speech backend"
+        );
+        let figures = |rate: Option<f64>| {
+            [
+                LaneFigures::new("stt", 40 << 20, 1),
+                LaneFigures {
+                    speech_seconds_per_char: rate,
+                    ..LaneFigures::new("tts", 30 << 20, 1)
+                },
+                LaneFigures::new("llm", 0, 2),
+            ]
+        };
+        let c = serve_config(&b, &figures(Some(0.0612))).unwrap();
+        let tts = c.lanes.iter().find(|l| l.spec.name == "tts").unwrap();
+        assert_eq!(tts.paths, vec!["/v1/audio/speech".to_string()]);
+        assert_eq!(tts.speech_seconds_per_char, 0.0612);
+        let c = serve_config(&b, &figures(None)).unwrap();
+        let tts = c.lanes.iter().find(|l| l.spec.name == "tts").unwrap();
+        assert_eq!(tts.speech_seconds_per_char, 0.07);
     }
 
     #[test]

@@ -168,6 +168,8 @@ struct Measured {
     resident: u64,
     peak: u64,
     peak_per_audio_second: Option<f64>,
+    /// A speech backend's seconds of speech per input character (its warm-up's answer).
+    speech_seconds_per_char: Option<f64>,
     runs: u32,
     /// The figures (all but `idle`) are the calibration file's, unchanged.
     kept: Option<BackendCalibration>,
@@ -616,12 +618,15 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
         ) {
             kept_contention.insert(b.name.clone(), c.clone());
         }
-        lanes.push(LaneFigures::new(
-            &b.name,
-            m.peak.saturating_sub(m.resident),
-            // An audio vLLM runs as many jobs at once as it has whole sequences.
-            planned.as_ref().map_or(1, |f| f.sequences),
-        ));
+        lanes.push(LaneFigures {
+            speech_seconds_per_char: m.speech_seconds_per_char,
+            ..LaneFigures::new(
+                &b.name,
+                m.peak.saturating_sub(m.resident),
+                // An audio vLLM runs as many jobs at once as it has whole sequences.
+                planned.as_ref().map_or(1, |f| f.sequences),
+            )
+        });
         footprints.push(AudioFootprint {
             name: b.name.clone(),
             resident_bytes: m.resident,
@@ -641,6 +646,7 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
                     resident_bytes: m.resident,
                     peak_bytes: m.peak,
                     peak_per_audio_second_bytes: m.peak_per_audio_second,
+                    speech_seconds_per_char: m.speech_seconds_per_char,
                     warmup_runs: m.runs,
                     date: String::new(),
                 },
@@ -713,6 +719,7 @@ async fn bring_up(ctx: &Arc<Ctx>, started: &mut Vec<Started>) -> Result<Vec<Lane
                 resident_bytes: m.resident,
                 peak_bytes: m.peak,
                 peak_per_audio_second_bytes: None,
+                speech_seconds_per_char: None,
                 warmup_runs: 0,
                 date: String::new(),
             },
@@ -997,6 +1004,7 @@ async fn measure_audio(
                 resident: kept.resident_bytes,
                 peak: kept.peak_bytes,
                 peak_per_audio_second: kept.peak_per_audio_second_bytes,
+                speech_seconds_per_char: kept.speech_seconds_per_char,
                 runs: kept.warmup_runs,
                 kept: Some(kept.clone()),
                 fastest_job,
@@ -1007,25 +1015,41 @@ async fn measure_audio(
             let begin = now_ms();
             let mut runs = 0;
             let mut fastest = Duration::MAX;
+            let mut speech_rate = None;
             for i in 1..=w.runs {
-                let took = warmup::run(&ctx.client, &job)
-                    .await
-                    .map_err(|e| UpError::Backend {
-                        backend: b.name.clone(),
-                        what: format!("failed its warm-up job {i}/{} ({}): {e}", w.runs, job.url),
-                    })?;
+                let answer =
+                    warmup::run(&ctx.client, &job)
+                        .await
+                        .map_err(|e| UpError::Backend {
+                            backend: b.name.clone(),
+                            what: format!(
+                                "failed its warm-up job {i}/{} ({}): {e}",
+                                w.runs, job.url
+                            ),
+                        })?;
                 runs += 1;
-                fastest = fastest.min(took);
+                fastest = fastest.min(answer.took);
+                let rate = job
+                    .speech
+                    .zip(answer.audio_seconds)
+                    .and_then(|(input, secs)| input.seconds_per_char(secs));
+                speech_rate = rate.or(speech_rate);
                 let peak = ctx.meter.highest(group.pid, begin).unwrap_or(0);
                 ctx.say(&format!(
                     "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
                     b.name,
                     w.runs,
-                    job.audio_seconds
-                        .map(|s| format!("{s:.1} s of audio "))
-                        .unwrap_or_default(),
-                    took.as_secs_f64(),
+                    warmup_audio(&job, answer.audio_seconds, rate),
+                    answer.took.as_secs_f64(),
                     mib(peak)
+                ));
+            }
+            if let (Some(input), None) = (job.speech, speech_rate) {
+                ctx.say(&format!(
+                    "up: [{}] the speech warm-up ({} characters) answered with no audio of a readable length: the speech lane estimates {} s per character (serve's default)",
+                    b.name,
+                    input.chars,
+                    headroom_server::config::DEFAULT_SPEECH_SECONDS_PER_CHAR
                 ));
             }
             let (resident, _) = wait_steady(ctx, b, group).await?;
@@ -1043,6 +1067,7 @@ async fn measure_audio(
                 resident,
                 peak,
                 peak_per_audio_second: per_second,
+                speech_seconds_per_char: speech_rate,
                 runs,
                 kept: None,
                 fastest_job: (runs > 0).then_some(fastest),
@@ -1055,6 +1080,7 @@ async fn measure_audio(
                 resident: idle,
                 peak,
                 peak_per_audio_second: None,
+                speech_seconds_per_char: None,
                 runs: 0,
                 kept: None,
                 fastest_job: None,
@@ -1080,6 +1106,21 @@ async fn measure_audio(
     Ok(measured)
 }
 
+/// What a warm-up job's log line says of its audio: the clip's length, or the speech it made and
+/// the rate that gives.
+fn warmup_audio(job: &warmup::Job, answered: Option<f64>, rate: Option<f64>) -> String {
+    match (job.speech, answered, rate) {
+        (Some(input), Some(secs), Some(rate)) => format!(
+            "{} characters to {secs:.1} s of speech ({rate:.4} s per character), ",
+            input.chars
+        ),
+        _ => job
+            .audio_seconds
+            .map(|s| format!("{s:.1} s of audio "))
+            .unwrap_or_default(),
+    }
+}
+
 /// Runs the warm-up job once on a backend started from kept figures, then waits for steady
 /// memory: `Ok(Ok((time taken, level after, highest reading)))`, or `Ok(Err(why))` when the job
 /// failed (the full warm-up will say so again).
@@ -1092,7 +1133,7 @@ async fn one_job(
     let job = warmup::prepare(b, w)?;
     let begin = now_ms();
     let took = match warmup::run(&ctx.client, &job).await {
-        Ok(t) => t,
+        Ok(a) => a.took,
         Err(e) => return Ok(Err(format!("its warm-up job failed ({e})"))),
     };
     let (after, _) = wait_steady(ctx, b, group).await?;
@@ -1357,6 +1398,7 @@ async fn bring_up_text(
             resident,
             peak,
             peak_per_audio_second: None,
+            speech_seconds_per_char: None,
             runs: 0,
             kept: None,
             fastest_job: None,

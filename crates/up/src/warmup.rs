@@ -1,6 +1,8 @@
 //! Talking to a backend while it is measured: the health check, and the warm-up job (an audio
 //! clip posted as multipart `file` with its form fields, or a JSON body) with the clip's
-//! duration read from its header by the gateway's own audio reader.
+//! duration read from its header by the gateway's own audio reader. A speech job (a JSON body with
+//! `input`) is timed by the audio it answers with: the answer's WAV duration over the input's
+//! characters is the backend's speech rate, which the speech lane's admission estimates from.
 
 use std::time::{Duration, Instant};
 
@@ -17,7 +19,45 @@ pub struct Job {
     pub content_type: String,
     /// Seconds of audio in the clip, when its header says.
     pub audio_seconds: Option<f64>,
+    /// A speech job: the characters of its `input` and its `speed` (1.0 unless given).
+    pub speech: Option<SpeechInput>,
     pub timeout: Duration,
+}
+
+/// What a speech warm-up asks for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpeechInput {
+    pub chars: usize,
+    pub speed: f64,
+}
+
+/// One job's answer: how long it took and, when the answer is audio with a readable header,
+/// how many seconds of audio it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Answer {
+    pub took: Duration,
+    pub audio_seconds: Option<f64>,
+}
+
+impl SpeechInput {
+    /// Seconds of speech per input character at speed 1 (the lane key `speech_seconds_per_char`),
+    /// from the seconds of audio a job of this input answered with.
+    pub fn seconds_per_char(&self, answered_seconds: f64) -> Option<f64> {
+        (self.chars > 0 && answered_seconds > 0.0)
+            .then(|| answered_seconds * self.speed / self.chars as f64)
+    }
+}
+
+/// The speech request in a JSON warm-up body: `input` (a string) and `speed`.
+fn speech_input(json: &str) -> Option<SpeechInput> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    let chars = v.get("input")?.as_str()?.chars().count();
+    let speed = v
+        .get("speed")
+        .and_then(serde_json::Value::as_f64)
+        .filter(|s| *s > 0.0)
+        .unwrap_or(1.0);
+    Some(SpeechInput { chars, speed })
 }
 
 const BOUNDARY: &str = "headroom-up-warmup-6d1f0c";
@@ -32,6 +72,7 @@ pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError>
             body: Bytes::from(json.clone()),
             content_type: "application/json".into(),
             audio_seconds: None,
+            speech: speech_input(json),
             timeout: warmup.timeout,
         });
     }
@@ -52,6 +93,7 @@ pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError>
         body: multipart(&warmup.form, &name, &data),
         content_type: format!("multipart/form-data; boundary={BOUNDARY}"),
         audio_seconds,
+        speech: None,
         timeout: warmup.timeout,
     })
 }
@@ -82,8 +124,8 @@ fn multipart(
     Bytes::from(out)
 }
 
-/// Runs the job once; the time it took.
-pub async fn run(client: &reqwest::Client, job: &Job) -> Result<Duration, String> {
+/// Runs the job once; the time it took and the audio it answered with.
+pub async fn run(client: &reqwest::Client, job: &Job) -> Result<Answer, String> {
     let start = Instant::now();
     let response = client
         .post(&job.url)
@@ -103,7 +145,17 @@ pub async fn run(client: &reqwest::Client, job: &Job) -> Result<Duration, String
         let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
         return Err(format!("HTTP {status}: {text}"));
     }
-    Ok(start.elapsed())
+    let took = start.elapsed();
+    // Only an answer to a speech job is read as audio (a transcription's JSON is not).
+    let audio_seconds = job.speech.and_then(|_| {
+        headroom_server::inspect::audio_seconds(&body, "answer")
+            .ok()
+            .flatten()
+    });
+    Ok(Answer {
+        took,
+        audio_seconds,
+    })
 }
 
 /// One health check: true on a 2xx answer within `timeout`.
@@ -128,5 +180,27 @@ mod tests {
         assert!(text.contains("name=\"file\"; filename=\"fox.wav\""));
         assert!(text.contains("\r\n\r\nRIFFdata\r\n"));
         assert!(text.ends_with(&format!("--{BOUNDARY}--\r\n")));
+    }
+
+    #[test]
+    fn a_speech_warm_up_counts_its_input_and_its_rate_comes_from_the_answer() {
+        let input = speech_input(r#"{"model":"tts-1","input":"Ünïcode counts chars.","speed":2}"#)
+            .expect("a speech body");
+        // 21 characters (not 25 bytes), at speed 2.
+        assert_eq!(
+            input,
+            SpeechInput {
+                chars: 21,
+                speed: 2.0
+            }
+        );
+        // 1.47 s of speech made at speed 2 is 2.94 s at speed 1: 0.14 s a character.
+        let rate = input.seconds_per_char(1.47).unwrap();
+        assert!((rate - 0.14).abs() < 1e-9, "{rate}");
+        assert_eq!(input.seconds_per_char(0.0), None);
+        assert_eq!(speech_input(r#"{"input":42}"#), None);
+        assert_eq!(speech_input("not json"), None);
+        let plain = speech_input(r#"{"input":"abcd","speed":"fast"}"#).unwrap();
+        assert_eq!(plain.speed, 1.0);
     }
 }
