@@ -349,10 +349,10 @@ pub fn load_learned(path: &Path) -> Result<Vec<(String, LearnedNeed)>, Calibrati
         .into_iter()
         .filter(|(lane, l)| {
             if !l.between_jobs {
-                eprintln!(
+                crate::stderr::line(&format!(
                     "headroom serve: lane `{lane}`: the learned need in {} was measured by an older version (above the level before each job); it is learned again",
                     path.display()
-                );
+                ));
             }
             l.between_jobs
         })

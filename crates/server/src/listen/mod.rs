@@ -365,6 +365,8 @@ async fn accept_error(e: io::Error, slots: &slots::Slots, state: &app::AppState)
         slots.out_of_descriptors(&state.telemetry).await;
         return;
     }
-    eprintln!("headroom serve: accept failed ({e}); retrying in 1 s");
+    crate::stderr::line(&format!(
+        "headroom serve: accept failed ({e}); retrying in 1 s"
+    ));
     tokio::time::sleep(Duration::from_secs(1)).await;
 }

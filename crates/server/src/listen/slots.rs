@@ -231,7 +231,7 @@ impl Slots {
         } else {
             "so far"
         };
-        eprintln!(
+        crate::stderr::line(&format!(
             "headroom serve: {} client connections near the open-file limit ({limit}); {since}: \
              {} longest-idle connection(s) closed to take new ones, {} pause(s) of the accept \
              loop with no idle connection to close (said at most once a minute; \
@@ -239,7 +239,7 @@ impl Slots {
             self.open(),
             said.shed,
             said.waited
-        );
+        ));
         *said = Said {
             at: Some(now),
             shed: 0,
