@@ -6,9 +6,10 @@
 # reports side by side; exits 1 when the box set up by hand did not show the page or the box under
 # up broke a verdict (each named in its report), 2 on bad input.
 # Usage: bench/night.sh [--duration 1h] [--out DIR] [--box FILE] [--hand-set FILE]
-#                       [--scenario FILE] [--without admission] [--debug]
+#                       [--scenario FILE] [--without admission] [--idle-requests N] [--debug]
 # A full hour of each on a quiet machine: bench/night.sh (about 2 h 10 min in all).
-# CI runs the short night: bench/night.sh --duration 3m --debug (both boxes within 10 minutes).
+# CI runs the short night: bench/night.sh --duration 3m --idle-requests 3 --debug (both boxes
+# within 10 minutes).
 # Needs: scripts/backends.sh install (llama.cpp, Whisper, piper), root or a delegated memory cgroup.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,7 @@ box=examples/cpu-box.up.toml
 hand_set=examples/cpu-box.hand-set.toml
 scenario=examples/night.toml
 without=()
+idle=()
 profile=release
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,6 +30,7 @@ while [ $# -gt 0 ]; do
     --hand-set) hand_set=$2; shift 2 ;;
     --scenario) scenario=$2; shift 2 ;;
     --without) without=(--without "$2"); shift 2 ;;
+    --idle-requests) idle=(--idle-requests "$2"); shift 2 ;;
     --debug) profile=debug; shift ;;
     *) echo "bench/night.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -47,14 +50,14 @@ mkdir -p "$out"
 t0=$SECONDS
 hand_rc=0
 "$headroom" drill --box "$box" --hand-set "$hand_set" --scenario "$scenario" --duration "$duration" \
-  --report "$out/hand-set" || hand_rc=$?
+  --report "$out/hand-set" "${idle[@]}" || hand_rc=$?
 echo "night.sh: the box set up by hand took $((SECONDS - t0)) s (exit $hand_rc)"
 [ "$hand_rc" = 2 ] && exit 2
 
 t1=$SECONDS
 up_rc=0
 "$headroom" drill --box "$box" --scenario "$scenario" --duration "$duration" --report "$out/up" \
-  "${without[@]}" || up_rc=$?
+  "${without[@]}" "${idle[@]}" || up_rc=$?
 echo "night.sh: the box under up took $((SECONDS - t1)) s (exit $up_rc)"
 [ "$up_rc" = 2 ] && exit 2
 

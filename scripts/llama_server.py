@@ -38,6 +38,8 @@ def main() -> None:
                    help="log llama.cpp's memory lines (KV cache size, buffers) at start-up")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--alias", default="smollm2")
+    p.add_argument("-cram", "--cache-ram", dest="cache_ram", type=int, default=None,
+                   help="MiB of host RAM for prompts that left their slots (llama-server's default: 8192; 0: off)")
     args = p.parse_args()
 
     import xllamacpp
@@ -55,6 +57,8 @@ def main() -> None:
     params.model_alias = {args.alias}
     if args.ngl is not None:
         params.n_gpu_layers = args.ngl
+    if args.cache_ram is not None:
+        params.cache_ram_mib = args.cache_ram
     if args.verbose:
         params.verbosity = 10
 

@@ -50,6 +50,10 @@ pub struct UpArgs {
     /// `{port}` and upstream follow.
     #[arg(long, value_name = "N")]
     pub port_base: Option<u16>,
+    /// Enforce the capacity as if the box file said `[memory] enforce = true`: every backend
+    /// runs in one memory cgroup limited to it (host pool only; needs a writable memory cgroup).
+    #[arg(long)]
+    pub enforce: bool,
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -61,6 +65,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     let overrides = Overrides {
         listen: args.listen,
         port_base: args.port_base,
+        enforce: args.enforce,
     };
     let config = match BoxConfig::load_with(&path, overrides) {
         Ok(c) => c,

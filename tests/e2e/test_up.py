@@ -185,6 +185,9 @@ def test_text_flags_follow_from_capacity_minus_peak_minus_margin(running):
     assert report["text_budget_bytes"] == 1024 * MIB - w["peak_bytes"] - tts["peak_bytes"] - 128 * MIB
     ctx, parallel = slots_flags(llm["pid"])
     assert llm["flags"][:4] == ["-c", str(ctx), "--parallel", str(parallel)]
+    # llama-server's prompt cache (host RAM, 8 GiB by default) would grow outside that budget.
+    cmd = open(f"/proc/{llm['pid']}/cmdline", "rb").read().split(b"\0")
+    assert cmd[cmd.index(b"--cache-ram") + 1] == b"0", cmd
     # llama.cpp itself reports the per-slot context it was given.
     slots = httpx.get(f"http://127.0.0.1:{box.llm_port}/slots", timeout=10).json()
     assert len(slots) == parallel

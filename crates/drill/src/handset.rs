@@ -150,7 +150,9 @@ impl HandSetPlan {
                     headroom_up::flags::llamacpp_flags(&shape, plan, budget, gpu).map_err(|e| {
                         DrillError::BadInput(format!("text share {share}: {}", e.message()))
                     })?;
-                Ok((flags.args, flags.env))
+                // A user sizing the engine by hand keeps llama-server's prompt cache (up turns
+                // it off): the flags are the context and slots alone.
+                Ok((without_prompt_cache_off(flags.args), flags.env))
             }
             Engine::Vllm if gpu => Ok((
                 vec!["--gpu-memory-utilization".into(), format!("{share}")],
@@ -447,9 +449,41 @@ async fn keep(
     }
 }
 
+/// `args` without `up`'s `--cache-ram 0`.
+fn without_prompt_cache_off(args: Vec<String>) -> Vec<String> {
+    let off = headroom_up::flags::PROMPT_CACHE_OFF;
+    let mut out = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == off[0] && args.get(i + 1).map(String::as_str) == Some(off[1]) {
+            i += 2;
+            continue;
+        }
+        out.push(args[i].clone());
+        i += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hand_set_engine_keeps_llama_server_s_prompt_cache() {
+        let args: Vec<String> = ["-c", "12288", "--parallel", "4", "--cache-ram", "0"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(
+            without_prompt_cache_off(args),
+            ["-c", "12288", "--parallel", "4"]
+                .map(String::from)
+                .to_vec()
+        );
+        // A value the user chose is theirs.
+        let chosen: Vec<String> = ["--cache-ram", "512"].map(String::from).to_vec();
+        assert_eq!(without_prompt_cache_off(chosen.clone()), chosen);
+    }
 
     #[test]
     fn a_plan_takes_a_share_or_flags_but_not_both() {

@@ -278,10 +278,17 @@ pub async fn run(
                 None => opts.box_path.clone(),
             };
             let key = opts.api_key.clone().or_else(|| api_key_of(&config));
+            // The same limit as the box set up by hand: on the host pool, up enforces capacity
+            // (a memory cgroup) whether or not the box file says so.
+            let mut up_args = opts.up_args.clone();
+            if host_pool && !config.memory.enforce && !up_args.iter().any(|a| a == "--enforce") {
+                say("drill: [up] the host pool's capacity enforced (headroom up --enforce)");
+                up_args.push("--enforce".into());
+            }
             let started = UpBox::start(
                 &opts.exe,
                 &box_path,
-                &opts.up_args,
+                &up_args,
                 format!("http://{}", config.serve.listen),
                 key,
                 &log_dir,

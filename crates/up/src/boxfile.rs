@@ -265,8 +265,8 @@ fn count(key: &str, v: Option<i64>, default: u64, min: i64) -> Result<u64, UpErr
     }
 }
 
-/// What the command line moves without editing the box file: the gateway's address and the
-/// backends' ports.
+/// What the command line changes without editing the box file: the gateway's address, the
+/// backends' ports, and whether the capacity is enforced.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Overrides {
     /// Replaces `[serve] listen`.
@@ -274,6 +274,8 @@ pub struct Overrides {
     /// Backend k (in file order, from 0) listens on `port_base + k`; `{port}` in its arguments
     /// and its upstream follow.
     pub port_base: Option<u16>,
+    /// Sets `[memory] enforce = true` (`--enforce`).
+    pub enforce: bool,
 }
 
 /// The clause every path error ends with: which folder relative paths were taken from.
@@ -337,6 +339,9 @@ impl BoxConfig {
         }
         // The backends are the pool's members: watched by serve like any upstream.
         let mut table = raw.memory;
+        if overrides.enforce {
+            table.enforce = Some(true);
+        }
         if table.probe.as_deref() == Some("host") {
             for b in &backends {
                 if !table.watch.contains(&b.upstream()) {
@@ -1037,6 +1042,7 @@ max_output_tokens = 256
         let moved = Overrides {
             listen: Some("127.0.0.1:19299".parse().unwrap()),
             port_base: Some(19250),
+            ..Overrides::default()
         };
         let b = BoxConfig::parse_with(MINIMAL, Path::new("/box"), moved).unwrap();
         assert_eq!(b.serve.listen.to_string(), "127.0.0.1:19299");
@@ -1054,6 +1060,7 @@ max_output_tokens = 256
         let clash = Overrides {
             listen: Some("127.0.0.1:19251".parse().unwrap()),
             port_base: Some(19250),
+            ..Overrides::default()
         };
         let e = BoxConfig::parse_with(MINIMAL, Path::new("/box"), clash).unwrap_err();
         assert!(e.to_string().contains("also a backend's port"), "{e}");
@@ -1063,6 +1070,21 @@ max_output_tokens = 256
         };
         let e = BoxConfig::parse_with(MINIMAL, Path::new("/box"), full).unwrap_err();
         assert!(e.to_string().contains("--port-base"), "{e}");
+    }
+
+    #[test]
+    fn the_command_line_enforces_the_capacity_and_the_table_s_own_rules_still_hold() {
+        let plain = BoxConfig::parse(MINIMAL, Path::new("/box")).unwrap();
+        assert!(!plain.memory.enforce);
+        let enforce = Overrides {
+            enforce: true,
+            ..Overrides::default()
+        };
+        let b = BoxConfig::parse_with(MINIMAL, Path::new("/box"), enforce).unwrap();
+        assert!(b.memory.enforce);
+        // On a GPU pool the card is the limit: --enforce is refused as the key is.
+        let gpu = MINIMAL.replace("probe = \"host\"", "probe = \"nvml\"");
+        assert!(BoxConfig::parse_with(&gpu, Path::new("/box"), enforce).is_err());
     }
 
     #[test]
