@@ -106,46 +106,7 @@ pub fn speech_text(chars: u32) -> String {
     out
 }
 
-/// Reads a WAV clip and writes it `repeat` times in a row as one WAV; returns the bytes and the
-/// length in seconds.
-pub fn repeated_wav(clip: &Path, repeat: u32) -> Result<(Vec<u8>, f64), String> {
-    let mut reader =
-        hound::WavReader::open(clip).map_err(|e| format!("clip {}: {e}", clip.display()))?;
-    let spec = reader.spec();
-    if spec.sample_format != hound::SampleFormat::Int || spec.bits_per_sample != 16 {
-        return Err(format!(
-            "clip {}: 16-bit PCM WAV expected ({} bits, {:?})",
-            clip.display(),
-            spec.bits_per_sample,
-            spec.sample_format
-        ));
-    }
-    let samples: Vec<i16> = reader
-        .samples::<i16>()
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("clip {}: {e}", clip.display()))?;
-    if samples.is_empty() {
-        return Err(format!("clip {} has no samples", clip.display()));
-    }
-    let mut out = std::io::Cursor::new(Vec::new());
-    {
-        let mut writer = hound::WavWriter::new(&mut out, spec)
-            .map_err(|e| format!("writing the repeated clip: {e}"))?;
-        for _ in 0..repeat {
-            for &s in &samples {
-                writer
-                    .write_sample(s)
-                    .map_err(|e| format!("writing the repeated clip: {e}"))?;
-            }
-        }
-        writer
-            .finalize()
-            .map_err(|e| format!("writing the repeated clip: {e}"))?;
-    }
-    let frames = samples.len() as f64 / f64::from(spec.channels.max(1));
-    let seconds = frames * f64::from(repeat) / f64::from(spec.sample_rate.max(1));
-    Ok((out.into_inner(), seconds))
-}
+pub use headroom_up::warmup::repeated_wav;
 
 /// A WAV of about `bytes` bytes made of `clip` repeated: a real recording, just far too long.
 pub fn oversize_wav(clip: &Path, bytes: u64) -> Result<Vec<u8>, String> {

@@ -65,6 +65,9 @@ pub struct Warmup {
     pub json: Option<String>,
     /// Extra multipart form fields sent with `file`.
     pub form: BTreeMap<String, String>,
+    /// `file` (a 16-bit PCM WAV) sent as this many copies in a row, one clip: a job as long as
+    /// the box's longest from a short recording.
+    pub repeat: u32,
     /// How many times to run it.
     pub runs: u32,
     /// Deadline for one run.
@@ -222,6 +225,7 @@ struct RawWarmup {
     json: Option<String>,
     #[serde(default)]
     form: BTreeMap<String, String>,
+    repeat: Option<i64>,
     runs: Option<i64>,
     timeout: Option<String>,
 }
@@ -708,11 +712,21 @@ fn warmup(
             format!("{} does not exist ({})", f.display(), relative_to(dir)),
         ));
     }
+    let repeat = match (raw.repeat, &file) {
+        (Some(_), None) => {
+            return Err(bad(
+                k("warmup.repeat"),
+                "repeats the audio `file`; a json body has none",
+            ));
+        }
+        (r, _) => count(&k("warmup.repeat"), r, 1, 1)?.min(1000) as u32,
+    };
     Ok(Warmup {
         path,
         file,
         json: raw.json,
         form: raw.form,
+        repeat,
         runs: count(&k("warmup.runs"), raw.runs, 3, 1)? as u32,
         timeout: duration(
             &k("warmup.timeout"),

@@ -4,6 +4,7 @@
 //! `input`) is timed by the audio it answers with: the answer's WAV duration over the input's
 //! characters is the backend's speech rate, which the speech lane's admission estimates from.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -77,10 +78,19 @@ pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError>
         });
     }
     let path = warmup.file.as_ref().expect("validated: file or json");
-    let data = std::fs::read(path).map_err(|e| UpError::Io {
-        what: format!("warm-up file {}", path.display()),
-        source: e,
-    })?;
+    let data = if warmup.repeat > 1 {
+        repeated_wav(path, warmup.repeat)
+            .map(|(bytes, _)| bytes)
+            .map_err(|e| UpError::Config {
+                key: "warmup.repeat".into(),
+                message: e,
+            })?
+    } else {
+        std::fs::read(path).map_err(|e| UpError::Io {
+            what: format!("warm-up file {}", path.display()),
+            source: e,
+        })?
+    };
     let audio_seconds = headroom_server::inspect::audio_seconds(&data, "file")
         .ok()
         .flatten();
@@ -96,6 +106,47 @@ pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError>
         speech: None,
         timeout: warmup.timeout,
     })
+}
+
+/// Reads a WAV clip and writes it `repeat` times in a row as one WAV; returns the bytes and the
+/// length in seconds.
+pub fn repeated_wav(clip: &Path, repeat: u32) -> Result<(Vec<u8>, f64), String> {
+    let mut reader =
+        hound::WavReader::open(clip).map_err(|e| format!("clip {}: {e}", clip.display()))?;
+    let spec = reader.spec();
+    if spec.sample_format != hound::SampleFormat::Int || spec.bits_per_sample != 16 {
+        return Err(format!(
+            "clip {}: 16-bit PCM WAV expected ({} bits, {:?})",
+            clip.display(),
+            spec.bits_per_sample,
+            spec.sample_format
+        ));
+    }
+    let samples: Vec<i16> = reader
+        .samples::<i16>()
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("clip {}: {e}", clip.display()))?;
+    if samples.is_empty() {
+        return Err(format!("clip {} has no samples", clip.display()));
+    }
+    let mut out = std::io::Cursor::new(Vec::new());
+    {
+        let mut writer = hound::WavWriter::new(&mut out, spec)
+            .map_err(|e| format!("writing the repeated clip: {e}"))?;
+        for _ in 0..repeat {
+            for &s in &samples {
+                writer
+                    .write_sample(s)
+                    .map_err(|e| format!("writing the repeated clip: {e}"))?;
+            }
+        }
+        writer
+            .finalize()
+            .map_err(|e| format!("writing the repeated clip: {e}"))?;
+    }
+    let frames = samples.len() as f64 / f64::from(spec.channels.max(1));
+    let seconds = frames * f64::from(repeat) / f64::from(spec.sample_rate.max(1));
+    Ok((out.into_inner(), seconds))
 }
 
 /// A multipart/form-data body: the text fields, then the file. Written by hand because it is
@@ -202,5 +253,30 @@ mod tests {
         assert_eq!(speech_input("not json"), None);
         let plain = speech_input(r#"{"input":"abcd","speed":"fast"}"#).unwrap();
         assert_eq!(plain.speed, 1.0);
+    }
+
+    #[test]
+    fn a_repeated_warm_up_clip_is_one_clip_that_many_times_as_long() {
+        let dir = tempfile::tempdir().unwrap();
+        let fox = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/audio/fox.wav");
+        let backend_for = |repeat: u32| {
+            let text = format!(
+                "[memory]\nprobe = \"host\"\ncapacity = \"1GiB\"\n[[backends]]\nname = \"stt\"\nrole = \"audio\"\nengine = \"whisper\"\ncommand = \"x\"\nport = 20081\n[backends.warmup]\nfile = \"{}\"\nrepeat = {repeat}\n",
+                fox.display()
+            );
+            crate::boxfile::BoxConfig::parse(&text, dir.path()).unwrap()
+        };
+        let seconds = |repeat: u32| {
+            let config = backend_for(repeat);
+            let b = &config.backends[0];
+            prepare(b, b.warmup.as_ref().unwrap())
+                .unwrap()
+                .audio_seconds
+                .unwrap()
+        };
+        let one = seconds(1);
+        // fox.wav is 4.3 s long (its header, read by serve's own audio reader).
+        assert!((4.0..4.6).contains(&one), "{one}");
+        assert!((seconds(8) - 8.0 * one).abs() < 0.01, "{}", seconds(8));
     }
 }
