@@ -995,6 +995,7 @@ mod tests {
                     reserved_bytes: 0,
                     need_bytes: 182 * MIB + 3 * MIB / 10,
                     margin_bytes: 128 * MIB,
+                    ceiling_bytes: Some(300 * MIB),
                 }),
             }),
             ..lane_snapshot()
