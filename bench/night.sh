@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 duration=1h
 out=night-$(date +%Y%m%d-%H%M%S)
-box=examples/cpu-box.up.toml
+box=examples/cpu-box-night.up.toml
 hand_set=examples/cpu-box.hand-set.toml
 scenario=examples/night.toml
 without=()

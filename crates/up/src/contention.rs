@@ -95,6 +95,17 @@ impl Contention {
     }
 }
 
+/// Of the lane's two measured jobs (its warm-up and its shortest, see
+/// [`crate::warmup::prepare_shortest`]), the one text slows most: the lane's figure, since text
+/// must give way when any job of the lane is slowed. The decode step on its own is the longest
+/// seen in either.
+pub fn worse(a: Contention, b: Contention) -> Contention {
+    let text_step = a.text_step.max(b.text_step);
+    let mut worst = if b.slowdown() > a.slowdown() { b } else { a };
+    worst.text_step = text_step;
+    worst
+}
+
 /// The longest gap between consecutive token arrivals that overlaps `[from, to]`.
 pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Duration> {
     stamps
@@ -274,6 +285,37 @@ mod tests {
             with_text: Duration::from_millis(with_ms),
             text_step: step_ms.map(Duration::from_millis),
         }
+    }
+
+    #[test]
+    fn a_lane_whose_short_job_is_slowed_gives_way_though_its_long_one_is_not() {
+        let ms = Duration::from_millis;
+        // Measured on this CPU box: Whisper's 33 s warm-up 11.31 s alone, 10.44 s beside a
+        // generation; one 4.3 s clip 0.37 s alone, 0.80 s beside one.
+        let long = Contention {
+            backend: "whisper".into(),
+            alone: ms(11_310),
+            with_text: ms(10_440),
+            text_step: Some(ms(10)),
+        };
+        let short = Contention {
+            backend: "whisper".into(),
+            alone: ms(370),
+            with_text: ms(800),
+            text_step: Some(ms(30)),
+        };
+        assert!(!long.text_gives_way());
+        let lane = worse(long.clone(), short.clone());
+        assert!(lane.text_gives_way(), "{}", lane.describe());
+        assert_eq!(lane.alone, ms(370));
+        assert_eq!(lane.text_step, Some(ms(30)));
+        // Either order, and a lane whose both jobs run on beside text stays that way.
+        assert_eq!(worse(short.clone(), long.clone()).alone, ms(370));
+        let calm = Contention {
+            with_text: ms(380),
+            ..short
+        };
+        assert!(!worse(long, calm).text_gives_way());
     }
 
     #[test]

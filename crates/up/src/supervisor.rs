@@ -1280,13 +1280,41 @@ async fn text_beside_audio(
             calibration.contention.insert(b.name.clone(), k.clone());
             continue;
         }
-        let measured = match warmup::prepare(b, w) {
-            Ok(job) => {
+        let measured = match (warmup::prepare(b, w), warmup::prepare_shortest(b, w)) {
+            (Ok(job), Ok(shortest)) => {
                 let known = alone.get(&b.name).copied();
-                contention::measure(&ctx.client, &b.name, &job, known, &t.upstream(), max_tokens)
-                    .await
+                let whole = contention::measure(
+                    &ctx.client,
+                    &b.name,
+                    &job,
+                    known,
+                    &t.upstream(),
+                    max_tokens,
+                )
+                .await;
+                match (whole, shortest) {
+                    (Ok(whole), Some(short)) => {
+                        ctx.say(&format!(
+                            "up: [{}] beside [{}], its warm-up job: {}; and its shortest job:",
+                            t.name,
+                            b.name,
+                            whole.describe()
+                        ));
+                        contention::measure(
+                            &ctx.client,
+                            &b.name,
+                            &short,
+                            None,
+                            &t.upstream(),
+                            max_tokens,
+                        )
+                        .await
+                        .map(|s| contention::worse(whole, s))
+                    }
+                    (whole, _) => whole,
+                }
             }
-            Err(e) => Err(e.to_string()),
+            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
         };
         match measured {
             Ok(c) => {
