@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use crate::UpError;
 use crate::audio_vllm;
-use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, resolve_model};
+use crate::boxfile::{BackendConfig, BoxConfig, Engine, ProbeKind, Warmup, resolve_model};
 use crate::budget::{AudioFootprint, Budget, CoTenants, JobRoom, mib};
 use crate::cgroup::{BoxCgroup, Exit, exit_reason};
 use crate::contention::{self, Contention};
@@ -1280,42 +1280,8 @@ async fn text_beside_audio(
             calibration.contention.insert(b.name.clone(), k.clone());
             continue;
         }
-        let measured = match (warmup::prepare(b, w), warmup::prepare_shortest(b, w)) {
-            (Ok(job), Ok(shortest)) => {
-                let known = alone.get(&b.name).copied();
-                let whole = contention::measure(
-                    &ctx.client,
-                    &b.name,
-                    &job,
-                    known,
-                    &t.upstream(),
-                    max_tokens,
-                )
-                .await;
-                match (whole, shortest) {
-                    (Ok(whole), Some(short)) => {
-                        ctx.say(&format!(
-                            "up: [{}] beside [{}], its warm-up job: {}; and its shortest job:",
-                            t.name,
-                            b.name,
-                            whole.describe()
-                        ));
-                        contention::measure(
-                            &ctx.client,
-                            &b.name,
-                            &short,
-                            None,
-                            &t.upstream(),
-                            max_tokens,
-                        )
-                        .await
-                        .map(|s| contention::worse(whole, s))
-                    }
-                    (whole, _) => whole,
-                }
-            }
-            (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
-        };
+        let known = alone.get(&b.name).copied();
+        let measured = lane_contention(ctx, t, b, w, known, max_tokens).await;
         match measured {
             Ok(c) => {
                 say_contention(ctx, t, &c);
@@ -1332,6 +1298,34 @@ async fn text_beside_audio(
         }
     }
     (gives_way_to, settle)
+}
+
+/// Times `b`'s warm-up job beside the text engine and, when that job does not already make text
+/// give way and the lane has a shorter one ([`warmup::prepare_shortest`]), its shortest job too;
+/// the lane's figure is the one text slows most ([`contention::worse`]).
+async fn lane_contention(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    b: &BackendConfig,
+    w: &Warmup,
+    known: Option<Duration>,
+    max_tokens: u64,
+) -> Result<Contention, String> {
+    let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
+    let shortest = warmup::prepare_shortest(b, w).map_err(|e| e.to_string())?;
+    let text = t.upstream();
+    let whole = contention::measure(&ctx.client, &b.name, &job, known, &text, max_tokens).await?;
+    let Some(short) = shortest.filter(|_| !whole.text_gives_way()) else {
+        return Ok(whole);
+    };
+    ctx.say(&format!(
+        "up: [{}] beside [{}], its warm-up job: {}; and its shortest job:",
+        t.name,
+        b.name,
+        whole.describe()
+    ));
+    let short = contention::measure(&ctx.client, &b.name, &short, None, &text, max_tokens).await?;
+    Ok(contention::worse(whole, short))
 }
 
 fn say_contention(ctx: &Ctx, t: &BackendConfig, c: &Contention) {
