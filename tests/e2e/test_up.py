@@ -215,14 +215,20 @@ def test_the_speech_lane_costs_what_the_warm_up_measured(running, tmp):
     box, report, _, _ = running
     warmup = json.loads(re.search(r"^json = '(.*)'$", EXAMPLE.read_text().split('name = "tts"', 1)[1],
                                   flags=re.M).group(1))
-    direct = httpx.post(f"http://127.0.0.1:{box.tts_port}/v1/audio/speech", json=warmup, timeout=60)
-    assert direct.status_code == 200, direct.text
-    own_rate = wav_seconds(direct.content) / len(warmup["input"])
+    rates = []
+    for _ in range(3):
+        direct = httpx.post(f"http://127.0.0.1:{box.tts_port}/v1/audio/speech", json=warmup, timeout=60)
+        assert direct.status_code == 200, direct.text
+        rates.append(wav_seconds(direct.content) / len(warmup["input"]))
+    own_rate = sum(rates) / len(rates)
     kept = json.loads(box.path.with_name("box.up.calibration.json").read_text())["backends"]["tts"]
-    print(f"speech rate: up kept {kept.get('speech_seconds_per_char')} s/char, this test {own_rate:.4f}")
-    # piper speaks the same input at the same length each time: within 5 %.
+    print(f"speech rate: up kept {kept.get('speech_seconds_per_char')} s/char, this test "
+          + ", ".join(f"{r:.4f}" for r in rates))
+    # piper draws each phoneme's length (its noise_w), so the same input comes out a few per cent
+    # longer or shorter each time (5.2 % apart seen in CI): up's figure lies within the spread of three
+    # readings, widened by 10 %.
     assert kept.get("speech_seconds_per_char") is not None, kept
-    assert abs(kept["speech_seconds_per_char"] - own_rate) <= 0.05 * own_rate
+    assert 0.9 * min(rates) <= kept["speech_seconds_per_char"] <= 1.1 * max(rates), (kept, rates)
     # And it is not serve's default (0.07), which the lane would have had without the warm-up.
     assert abs(own_rate - 0.07) > 0.005, own_rate
     tts = backend(report, "tts")

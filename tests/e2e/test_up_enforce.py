@@ -146,7 +146,7 @@ def metric(base: str, name: str) -> float:
 def gone(pid: int) -> bool:
     try:
         stat = open(f"/proc/{pid}/stat").read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # the latter when it goes between open and read
         return True
     return stat[stat.rindex(")") + 2] == "Z"
 
