@@ -10,6 +10,8 @@ What is checked, each against this test's own reading of /proc, never against `u
     less context, and below a floor `up` exits 3 with one line and leaves nothing running;
   - kill -9 of whisper: requests in between get 503 + Retry-After quickly, it runs again within
     its backoff, `restarts` counts it;
+  - text yields to speech by pausing llama.cpp (its process group stopped while a speech job
+    runs, continued after; its stream ends with [DONE]);
   - SIGTERM: every process of every backend's group is gone within the grace period, and a
     second `up` starts cleanly on the same ports;
   - a backend that never becomes healthy, a missing command, a taken port, a missing warm-up
@@ -244,6 +246,69 @@ def test_the_speech_lane_costs_what_the_warm_up_measured(running, tmp):
     lanes = httpx.get(f"{box.base}/admin/lanes", timeout=5).json()
     lane = next(l for l in lanes["lanes"] if l["name"] == "tts")
     assert lane["completed"] >= 2, lane
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (T: stopped by a signal)."""
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def test_llama_cpp_is_paused_while_speech_runs_and_its_stream_goes_on(running):
+    """Text yields to speech here (piper runs several times slower beside a generation on two
+    cores). llama.cpp reads a dropped request only when it writes a token, so `up` pauses it
+    instead: its process group is stopped (SIGSTOP) while a speech job runs and continued after,
+    and a generation that was streaming keeps its place and ends with [DONE], not cut. Read from
+    /proc and from the stream itself."""
+    box, report, _, _ = running
+    said = box.stderr_text()
+    assert re.search(r"\[llm\] beside \[tts\]: .*text yields to it", said), said
+    llm_pid = backend(box.report(), "llm")["pid"]
+    states, chunks, stream_done = [], [], threading.Event()
+
+    def stream():
+        body = {"model": "m", "stream": True, "max_tokens": 256, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "Count from one to two hundred in words."}]}
+        with httpx.stream("POST", f"{box.base}/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append((time.monotonic(), line[6:]))
+        stream_done.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while len(chunks) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(chunks) >= 5, "the generation did not start streaming"
+    speech_done = threading.Event()
+    answer = {}
+
+    def speak():
+        text = " ".join(["The night shift starts at ten and the notes are in the shared folder."] * 6)
+        answer["r"] = httpx.post(f"{box.base}/v1/audio/speech", timeout=120,
+                                 json={"model": "tts-1", "voice": "alloy", "input": text, "response_format": "wav"})
+        speech_done.set()
+
+    s = threading.Thread(target=speak, daemon=True)
+    began = time.monotonic()
+    s.start()
+    while not speech_done.is_set():
+        states.append((time.monotonic(), process_state(llm_pid)))
+        time.sleep(0.005)
+    ended = time.monotonic()
+    after = [process_state(llm_pid) for _ in range(3) if not time.sleep(0.3)]
+    assert stream_done.wait(120), "the generation never ended"
+    assert answer["r"].status_code == 200, answer["r"].text
+    stopped = [at for at, st in states if st == "T"]
+    print(f"speech {ended - began:.2f} s; llama.cpp stopped in {len(stopped)} of {len(states)} readings; "
+          f"stream {len(chunks)} chunks, last {chunks[-1][1][:40]!r}; after: {after}")
+    assert stopped, f"llama.cpp was never stopped while speech ran: {sorted(set(st for _, st in states))}"
+    assert "T" not in after, f"llama.cpp still stopped after the speech job: {after}"
+    assert chunks[-1][1] == "[DONE]", chunks[-3:]
+    assert not any('"error"' in c for _, c in chunks), [c for _, c in chunks if '"error"' in c]
+    # Tokens came before the pause and after it: the generation kept its place.
+    assert any(at > stopped[-1] for at, c in chunks if c != "[DONE]"), "no token after the pause"
 
 
 def test_kill_9_restarts_with_503_in_between(running):

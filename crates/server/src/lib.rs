@@ -70,6 +70,8 @@ pub struct Gateway {
     probe: Option<Arc<dyn GpuProbe>>,
     /// The host pool whose members (the watched upstreams) the memory feed keeps current.
     pool: Option<HostPool>,
+    /// Lanes whose engines are paused by their owner (`up`, by signal) rather than over HTTP.
+    pause_hooks: Vec<(String, pause::PauseHook)>,
 }
 
 impl Gateway {
@@ -124,7 +126,16 @@ impl Gateway {
             state: Arc::new(app::AppState::new(config, gate, client, telemetry)),
             probe,
             pool,
+            pause_hooks: Vec::new(),
         })
+    }
+
+    /// For `lane` (a `preempt_mode = "pause"` lane): `hook(true)` pauses its engines and
+    /// `hook(false)` resumes them, instead of vLLM's HTTP calls. `up` passes one for an engine
+    /// with no pause call of its own (llama.cpp): it stops and continues the process group.
+    pub fn with_pause_hook(mut self, lane: &str, hook: pause::PauseHook) -> Gateway {
+        self.pause_hooks.push((lane.to_string(), hook));
+        self
     }
 
     /// Names the host pool behind the probe (e.g. when the probe wraps it), so the memory feed
@@ -220,12 +231,21 @@ impl Gateway {
             )));
         }
         let pausing = pause::pausing_lanes(&state.gate, &state.config.lanes);
+        let hook_of = |lane: &config::LaneConfig| {
+            self.pause_hooks
+                .iter()
+                .find(|(name, _)| *name == lane.spec.name)
+                .map(|(_, hook)| hook.clone())
+        };
         for (lane, signal) in &pausing {
-            background.push(tokio::spawn(pause::pause_loop(
-                state.client.clone(),
-                lane.clone(),
-                signal.clone(),
-            )));
+            background.push(match hook_of(lane) {
+                Some(hook) => tokio::spawn(pause::hook_loop(hook, signal.clone())),
+                None => tokio::spawn(pause::pause_loop(
+                    state.client.clone(),
+                    lane.clone(),
+                    signal.clone(),
+                )),
+            });
         }
         let feed = self.memory_feed()?;
         if let (Some(probe), None) = (self.probe.clone(), &feed) {
@@ -274,7 +294,10 @@ impl Gateway {
         }
         // Never leave an engine paused behind (the grace may end while audio still runs).
         for (lane, _) in &pausing {
-            pause::set_all(&state.client, lane, false).await;
+            match hook_of(lane) {
+                Some(hook) => hook(false),
+                None => pause::set_all(&state.client, lane, false).await,
+            }
         }
         if let Some(feed) = feed {
             feed.stop();

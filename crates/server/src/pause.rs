@@ -6,6 +6,8 @@
 //! cache stays allocated, nothing is recomputed; level 0 frees no memory), `POST
 //! /wake_up?tags=scheduling` resumes them. A pause left behind (the gateway killed while audio
 //! ran) is undone by the resume sent when the loop starts, and the gateway resumes on shutdown.
+//! An engine with no such call is paused by whoever owns its processes, through a [`PauseHook`]
+//! (`up` stops and continues llama.cpp's process group).
 
 use std::time::Duration;
 
@@ -16,6 +18,21 @@ use crate::config::LaneConfig;
 
 /// How long one pause or resume call may take; a slow engine must not hold the next transition.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pauses (`true`) or resumes (`false`) a lane's engines; called on every change of the lane's
+/// pause signal, once with the current state at the start, and with `false` at shutdown.
+pub type PauseHook = std::sync::Arc<dyn Fn(bool) + Send + Sync>;
+
+/// [`pause_loop`] for a lane whose engines are paused through `hook`.
+pub async fn hook_loop(hook: PauseHook, mut paused: watch::Receiver<bool>) {
+    loop {
+        let now = *paused.borrow_and_update();
+        hook(now);
+        if paused.changed().await.is_err() {
+            return;
+        }
+    }
+}
 
 /// The lanes whose engines are paused rather than preempted, with their pause signal.
 pub fn pausing_lanes(

@@ -3,8 +3,10 @@
 //! per-job memory free (its peak − resident, plus per audio-second where measured); the text
 //! lane runs as many requests at once as the engine has sequences, which [`text_slots`] keeps
 //! below the device-wide cap less the audio lanes' slots, and gives way to the audio lanes whose
-//! jobs were measured to slow beside a generation (`yield_to`, `preempt` of every running request,
-//! `preempt_settle`; [`crate::contention`]). `[serve.lanes.NAME]` keys override what is derived.
+//! jobs were measured to slow beside a generation (`yield_to`, and `preempt`: llama.cpp paused by
+//! `up` while they run, `preempt_mode = "pause"`; another engine's running requests stopped,
+//! with `preempt_settle`; [`crate::contention`]). `[serve.lanes.NAME]` keys override what is
+//! derived.
 //! The result is `serve`'s own configuration, validated by `serve`.
 
 use std::time::Duration;
@@ -146,6 +148,15 @@ fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
                 let to = f.gives_way_to.iter().map(|n| s(n)).collect();
                 t.insert("yield_to".into(), toml::Value::Array(to));
                 t.insert("preempt".into(), toml::Value::Boolean(true));
+                if b.engine == Engine::LlamaCpp {
+                    // llama.cpp notices a dropped request only when it writes a token, so a
+                    // stopped request still evaluating its prompt runs on beside the audio job
+                    // (seconds for a long prompt on a CPU). `up` owns its processes: it pauses
+                    // the engine (SIGSTOP of its group, SIGCONT when the audio lanes are idle),
+                    // which keeps every request where it is.
+                    // (A box that sets preempt_mode = "abort" stops them instead, below.)
+                    t.insert("preempt_mode".into(), s("pause"));
+                }
                 t.insert("preempt_per_job".into(), s("all"));
                 // The settle waits on the engine's metrics, which only a known engine has.
                 if let (Some(settle), true) = (f.preempt_settle, t.contains_key("engine")) {
@@ -179,17 +190,24 @@ pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
             continue;
         };
         let mut t = lane_table(b, f, config.memory.device);
-        if let Some(overrides) = config.serve.lanes.get(&b.name) {
-            for (k, v) in overrides {
-                t.insert(k.clone(), v.clone());
-            }
-            // A box that turns stopping off (or pauses instead) drops the derived settle, which
-            // only stopping uses.
-            let stops = t.get("preempt").and_then(toml::Value::as_bool) == Some(true)
-                && t.get("preempt_mode").and_then(toml::Value::as_str) != Some("pause");
-            if !stops && !overrides.contains_key("preempt_settle") {
-                t.remove("preempt_settle");
-            }
+        let overrides = config.serve.lanes.get(&b.name);
+        for (k, v) in overrides.into_iter().flatten() {
+            t.insert(k.clone(), v.clone());
+        }
+        // A lane that does not stop requests (no preempt, or it pauses instead) drops the
+        // derived settle and count, which only stopping uses.
+        let stops = t.get("preempt").and_then(toml::Value::as_bool) == Some(true)
+            && t.get("preempt_mode").and_then(toml::Value::as_str) != Some("pause");
+        let set = |key: &str| overrides.is_some_and(|o| o.contains_key(key));
+        if !stops && !set("preempt_settle") {
+            t.remove("preempt_settle");
+        }
+        if !stops && !set("preempt_per_job") {
+            t.remove("preempt_per_job");
+        }
+        let preempts = t.get("preempt").and_then(toml::Value::as_bool) == Some(true);
+        if !preempts && !set("preempt_mode") {
+            t.remove("preempt_mode");
         }
         lanes.push(toml::Value::Table(t));
     }
@@ -303,10 +321,34 @@ max_output_tokens = 128
                 ..LaneFigures::new("llm", 0, 2)
             },
         ];
+        // llama.cpp is paused while audio runs (`up` stops its process group).
         let c = serve_config(&b, &figures).unwrap();
         let llm = &c.lanes[1].spec;
         assert_eq!(llm.yield_to, vec!["stt"]);
         assert!(llm.preempt);
+        assert_eq!(llm.preempt_mode, headroom_gate::PreemptMode::Pause);
+        assert_eq!(c.lanes[1].preempt_settle, Duration::ZERO);
+        // A box that asks for stopping gets every running request stopped, with the settle.
+        let abort = BoxConfig::parse(
+            &BOX.replace("yield_to = [\"stt\"]\n", "preempt_mode = \"abort\"\n"),
+            Path::new("/"),
+        )
+        .unwrap();
+        let c = serve_config(&abort, &figures).unwrap();
+        let llm = &c.lanes[1].spec;
+        assert_eq!(llm.preempt_mode, headroom_gate::PreemptMode::Abort);
+        assert_eq!(llm.preempt_per_job, usize::MAX, "every running request");
+        assert_eq!(c.lanes[1].preempt_settle, Duration::from_millis(800));
+        // vLLM has no process-level pause from `up`: its requests are stopped.
+        let vllm = BoxConfig::parse(
+            &BOX.replace("yield_to = [\"stt\"]\n", "")
+                .replace("engine = \"llamacpp\"", "engine = \"vllm\""),
+            Path::new("/"),
+        )
+        .unwrap();
+        let c = serve_config(&vllm, &figures).unwrap();
+        let llm = &c.lanes[1].spec;
+        assert_eq!(llm.preempt_mode, headroom_gate::PreemptMode::Abort);
         assert_eq!(llm.preempt_per_job, usize::MAX, "every running request");
         assert_eq!(c.lanes[1].preempt_settle, Duration::from_millis(800));
         // `[serve.lanes.llm] preempt = false` turns it off (and what only stopping uses goes).

@@ -273,6 +273,16 @@ impl Group {
     }
 }
 
+/// Stops (`true`: SIGSTOP) or continues (`false`: SIGCONT) the process group led by `pgid`.
+pub fn signal_group(pgid: u32, stop: bool) -> std::io::Result<()> {
+    let pid = i32::try_from(pgid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::other(format!("{pgid} is not a process id")))?;
+    let signal = if stop { Signal::STOP } else { Signal::CONT };
+    kill_process_group(pid, signal).map_err(std::io::Error::from)
+}
+
 /// The last `n` non-empty lines of a log file.
 pub fn log_tail(path: &Path, n: usize) -> Vec<String> {
     let text = std::fs::read(path).unwrap_or_default();

@@ -328,9 +328,13 @@ async fn run_inner(
             return Err(e);
         }
     };
+    let paused_by_signal = signal_paused_lanes(&ctx.config, &serve);
     let gateway = match headroom_server::Gateway::new(serve, Some(probe)) {
         Ok(g) => {
-            let g = g.with_box(ctx.status.clone());
+            let mut g = g.with_box(ctx.status.clone());
+            for name in paused_by_signal {
+                g = g.with_pause_hook(&name, pause_by_signal(Arc::clone(&ctx.status), &name));
+            }
             match &ctx.meter.pool {
                 Some(pool) => g.with_pool(pool.clone()),
                 None => g,
@@ -392,6 +396,53 @@ async fn run_inner(
         ctx.finish_logs();
     }
     served
+}
+
+/// The text lanes whose engine `up` pauses by signal: `preempt_mode = "pause"` on a backend with
+/// no pause call of its own (llama.cpp; vLLM has its HTTP one).
+fn signal_paused_lanes(
+    config: &BoxConfig,
+    serve: &headroom_server::config::ServeConfig,
+) -> Vec<String> {
+    serve
+        .lanes
+        .iter()
+        .filter(|l| l.spec.preempt_mode == headroom_gate::PreemptMode::Pause)
+        .filter(|l| {
+            config
+                .backends
+                .iter()
+                .any(|b| b.name == l.spec.name && b.engine == Engine::LlamaCpp)
+        })
+        .map(|l| l.spec.name.clone())
+        .collect()
+}
+
+/// Pauses `backend` by stopping its process group (SIGSTOP) and resumes it (SIGCONT): the engine
+/// stops between two instructions, every request stays where it is and goes on after. The group
+/// is the one running now (a restarted backend has a new one); a failed signal is said once per
+/// change.
+fn pause_by_signal(status: Arc<BoxStatus>, backend: &str) -> headroom_server::pause::PauseHook {
+    let backend = backend.to_string();
+    Arc::new(move |pause: bool| {
+        let pid = status
+            .lock()
+            .backends
+            .iter()
+            .find(|b| b.name == backend)
+            .and_then(|b| b.pid);
+        let Some(pid) = pid else { return };
+        if let Err(e) = process::signal_group(pid, pause) {
+            let what = if pause {
+                "pause (SIGSTOP)"
+            } else {
+                "resume (SIGCONT)"
+            };
+            headroom_server::stderr::line(&format!(
+                "up: [{backend}] could not {what} process group {pid}: {e}"
+            ));
+        }
+    })
 }
 
 /// With `[memory] enforce`: the box's memory cgroup, limited to the capacity (stale ones of
@@ -1329,7 +1380,9 @@ async fn lane_contention(
 }
 
 fn say_contention(ctx: &Ctx, t: &BackendConfig, c: &Contention) {
-    let verdict = if c.text_gives_way() {
+    let verdict = if c.text_gives_way() && t.engine == Engine::LlamaCpp {
+        "text yields to it and llama.cpp is paused while its jobs run (its process group stopped, then continued)".to_string()
+    } else if c.text_gives_way() {
         format!(
             "text yields to it and stops every running generation for its jobs (preempt, all; settle {} ms)",
             c.settle().as_millis()
