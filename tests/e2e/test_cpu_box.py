@@ -197,8 +197,15 @@ def test_queued_streams_through_the_gateway_lose_nothing_to_a_closing_engine(gat
     gateway never sends a request the engine may have read a second time, so it must not write one
     into such a connection (7 % of these streams got 502 before the pool let a connection rest
     after a stream)."""
-    _, kind = bench_streams(gateway, 4, 100, tmp_path / "queued.json")
-    assert kind["outcomes"]["ok"] == 100, kind["outcomes"]
+    doc, kind = bench_streams(gateway, 4, 100, tmp_path / "queued.json")
+    outcomes = kind["outcomes"]
+    # On a machine busy enough that a 4-token stream takes seconds, a queued stream can outwait the
+    # example's 10 s queue_timeout (22 of 100 did in a CI run beside four compiles): that is the
+    # lane's honest 503, not a request lost to a closed connection, which ends as a 502 (other_error).
+    timeouts = sum(e["count"] for e in doc["errors"] if "waited in the queue too long" in e["message"])
+    print(f"{outcomes['ok']} ok, {timeouts} queue timeouts, errors {doc['errors']}")
+    assert outcomes["ok"] + timeouts == 100, (outcomes, doc["errors"])
+    assert outcomes["ok"] >= 50, outcomes  # enough streams took a connection another one left
 
 
 def test_headroom_bench_runs_a_mixed_scenario_and_its_report_validates(gateway, tmp_path):
