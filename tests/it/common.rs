@@ -42,3 +42,12 @@ pub(crate) async fn rig(
     let (c, b) = (client(), base(&g));
     (serial, up, g, c, b)
 }
+
+/// `toml` written to `headroom.toml` in a fresh temporary directory, for a test that starts the
+/// real binary: the directory (keep it to the end of the test) and the file's path.
+pub(crate) fn config_file(toml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("headroom.toml");
+    std::fs::write(&path, toml).unwrap();
+    (dir, path)
+}

@@ -8,7 +8,7 @@ use headroom_server::{Running, ServeConfig};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::common::{SERIAL, rig};
+use crate::common::{SERIAL, config_file, rig};
 use crate::serve_upstream::{self, Upstream};
 
 pub(crate) async fn gateway(toml: &str) -> Running {
@@ -1682,9 +1682,7 @@ pub(crate) fn wait_exit(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_binary_serves_the_minimal_config_and_exits_on_sigterm() {
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("headroom.toml");
-    std::fs::write(&path, MINIMAL_CONFIG).unwrap();
+    let (_dir, path) = config_file(MINIMAL_CONFIG);
     let check = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args(["serve", "--check", "--config"])
         .arg(&path)
@@ -1723,16 +1721,10 @@ async fn the_binary_serves_the_minimal_config_and_exits_on_sigterm() {
 async fn sigterm_lets_an_inflight_stream_finish_then_stops_accepting() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("headroom.toml");
-    std::fs::write(
-        &path,
-        text_lane(&up, "max_inflight = 2").replace(
-            "listen = \"127.0.0.1:0\"",
-            "listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"",
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = config_file(&text_lane(&up, "max_inflight = 2").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"",
+    ));
     let (mut child, addr) = start_binary(&path, &[]);
     let c = client();
     let b = format!("http://{addr}");
@@ -2165,16 +2157,10 @@ async fn max_inflight_total_caps_all_lanes_on_the_device_together() {
 async fn sigterm_stops_waiting_for_inflight_work_after_the_grace_period() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("headroom.toml");
-    std::fs::write(
-        &path,
-        text_lane(&up, "max_inflight = 2").replace(
-            "listen = \"127.0.0.1:0\"",
-            "listen = \"127.0.0.1:0\"\nshutdown_grace = \"300ms\"",
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = config_file(&text_lane(&up, "max_inflight = 2").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nshutdown_grace = \"300ms\"",
+    ));
     let (mut child, addr) = start_binary(&path, &[]);
     let c = client();
     let b = format!("http://{addr}");

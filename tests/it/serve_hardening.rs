@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{SERIAL, rig};
+use crate::common::{SERIAL, config_file, rig};
 use crate::serve::{
     base, chat, client, gateway, json_of, metric, multipart_body, text_lane, wait_lane,
 };
@@ -284,13 +284,10 @@ pub(crate) fn rss_bytes(pid: u32) -> u64 {
 async fn fifty_thousand_unscraped_requests_leave_the_gateways_memory_flat() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        text_lane(&up, "max_inflight = 64\nmax_queue = 64\npolicy = \"queue\""),
-    )
-    .unwrap();
+    let (_dir, config) = config_file(&text_lane(
+        &up,
+        "max_inflight = 64\nmax_queue = 64\npolicy = \"queue\"",
+    ));
     let (mut child, addr) = crate::serve::start_binary(&config, &[]);
     let pid = child.id();
     let c = client();

@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use crate::common::{SERIAL, rig};
+use crate::common::{SERIAL, config_file, rig};
 use crate::serve::{base, chat, client, gateway, json_of, metric, text_lane};
 use crate::serve_upstream;
 
@@ -273,9 +273,7 @@ fn start_limited(config: &std::path::Path, limit: u32) -> (std::process::Child, 
 async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_limit() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, text_lane(&up, "max_inflight = 4")).unwrap();
+    let (_dir, config) = config_file(&text_lane(&up, "max_inflight = 4"));
     let (child, addr) = start_limited(&config, 256);
     let mut child = Reaped(child);
     // 600 connections that say nothing, more than the limit: those the gateway does not take
@@ -340,20 +338,14 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
 async fn bodies_held_in_memory_stay_under_the_cap() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
     // max_body_memory is left at its default: 4 x the largest max_body_bytes (192 MiB here).
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\n{}",
-            crate::serve::audio_lane(
-                &up,
-                "max_body_bytes = \"48MiB\"\nmax_inflight = 1\nmax_queue = 16\npolicy = \"queue\"\nqueue_timeout = \"60s\"\nrequest_timeout = \"60s\""
-            )
-        ),
-    )
-    .unwrap();
+    let (_dir, config) = config_file(&format!(
+        "listen = \"127.0.0.1:0\"\n{}",
+        crate::serve::audio_lane(
+            &up,
+            "max_body_bytes = \"48MiB\"\nmax_inflight = 1\nmax_queue = 16\npolicy = \"queue\"\nqueue_timeout = \"60s\"\nrequest_timeout = \"60s\""
+        )
+    ));
     let (child, addr) = crate::serve::start_binary(&config, &[]);
     let mut child = Reaped(child);
     let pid = child.0.id();
