@@ -7,9 +7,11 @@ pub mod drill;
 pub mod gateway;
 pub mod pipe;
 pub mod plan;
+pub mod plan_args;
 pub mod plan_hub;
 pub mod plan_layout;
 pub mod plan_llamacpp;
+pub mod plan_paint;
 pub mod replan;
 pub mod serve;
 pub mod shell;
@@ -29,7 +31,7 @@ pub const EXIT_DOES_NOT_FIT: u8 = 3;
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Predict GPU memory the way vLLM spends it and print flags that fit.
-    Plan(Box<plan::PlanArgs>),
+    Plan(Box<plan_args::PlanArgs>),
     /// Drive load at an OpenAI-compatible endpoint; measure TTFT, ITL, E2E and GPU memory.
     Bench(bench::BenchArgs),
     /// Repeat a bench workload in rounds and judge whether memory or throughput drifts.

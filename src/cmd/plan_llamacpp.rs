@@ -17,65 +17,8 @@ use headroom_plan::units::{gib, thousands};
 use serde::Serialize;
 
 use super::EXIT_DOES_NOT_FIT;
-use super::plan::{Format, PlanArgs};
-
-/// llama.cpp's own flags, used only with `--engine llamacpp`.
-#[derive(Debug, Default, clap::Args)]
-pub struct LlamaCppArgs {
-    /// llama.cpp --ctx-size: total context over all sequences (default: the model's).
-    #[arg(long)]
-    pub ctx_size: Option<u64>,
-    /// llama.cpp --parallel: sequences (server slots).
-    #[arg(long)]
-    pub parallel: Option<u64>,
-    /// llama.cpp --batch-size (logical batch).
-    #[arg(long)]
-    pub batch_size: Option<u64>,
-    /// llama.cpp --ubatch-size (physical batch; sizes the compute buffer).
-    #[arg(long)]
-    pub ubatch_size: Option<u64>,
-    /// llama.cpp --cache-type-k: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1.
-    #[arg(long)]
-    pub cache_type_k: Option<String>,
-    /// llama.cpp --cache-type-v (quantized types need flash attention).
-    #[arg(long)]
-    pub cache_type_v: Option<String>,
-    /// llama.cpp --n-gpu-layers; default: the most that fit (as llama.cpp's --fit does).
-    #[arg(long)]
-    pub n_gpu_layers: Option<u64>,
-    /// llama.cpp --kv-unified: one KV stream shared by all sequences.
-    #[arg(long)]
-    pub kv_unified: bool,
-    /// llama.cpp --flash-attn: on, off or auto.
-    #[arg(long)]
-    pub flash_attn: Option<String>,
-    /// llama.cpp --no-kv-offload: keep the KV cache in host memory.
-    #[arg(long)]
-    pub no_kv_offload: bool,
-    /// llama.cpp --swa-full: full-size cache for sliding-window layers.
-    #[arg(long)]
-    pub swa_full: bool,
-    /// Weight type assumed when the model is not a local GGUF: f16, q8_0, q6_k, q5_k, q4_k, q4_0.
-    #[arg(long, default_value = "q4_k")]
-    pub gguf_type: String,
-}
-
-impl LlamaCppArgs {
-    /// True when any llama.cpp flag was given (they mean nothing to vLLM).
-    pub fn any_given(&self) -> bool {
-        self.ctx_size.is_some()
-            || self.parallel.is_some()
-            || self.batch_size.is_some()
-            || self.ubatch_size.is_some()
-            || self.cache_type_k.is_some()
-            || self.cache_type_v.is_some()
-            || self.n_gpu_layers.is_some()
-            || self.kv_unified
-            || self.flash_attn.is_some()
-            || self.no_kv_offload
-            || self.swa_full
-    }
-}
+use super::plan_args::{Format, LlamaCppArgs, PlanArgs};
+use super::plan_paint::paint_table;
 
 fn cache_type(flag: &str, value: Option<&str>) -> anyhow::Result<GgmlType> {
     let Some(v) = value else {
@@ -309,7 +252,7 @@ pub fn run(args: &PlanArgs, base: &PlanRequest) -> anyhow::Result<ExitCode> {
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&r)?),
         Format::Shell => println!("{}", command_line(&r, &r.llama_server_args)),
-        Format::Table => print!("{}", super::plan::paint_table(&render_table(&r))),
+        Format::Table => print!("{}", paint_table(&render_table(&r))),
     }
     if r.fits {
         Ok(ExitCode::SUCCESS)

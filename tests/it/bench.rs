@@ -19,15 +19,9 @@ use axum::routing::{get, post};
 use headroom_gpu::{DeviceSnapshot, GpuProbe, ProcessMemory, ScriptedProbe};
 use serde_json::{Value, json};
 
+use crate::common::serial_blocking;
+
 const MIB: u64 = 1 << 20;
-
-/// Bench tests drive real load and measure milliseconds: they run one at a time so they do not
-/// steal each other's CPU on a small CI machine.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// How the fake server behaves.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -517,7 +511,7 @@ fn timing_attempt(server: &FakeServer) -> Result<(), String> {
 /// 2 ms fails all five.
 #[test]
 fn known_timings_give_ttft_itl_e2e_within_2ms() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(Mode::Normal, Duration::from_millis(10), None);
     let mut failures = Vec::new();
     for attempt in 1..=5 {
@@ -537,7 +531,7 @@ fn known_timings_give_ttft_itl_e2e_within_2ms() {
 /// checked loosely from above; the differences between them are checked to 2 ms.
 #[test]
 fn bench_report_carries_the_scripted_timings() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(Mode::Normal, Duration::from_millis(10), None);
     let r = bench_json(&[
         "--url",
@@ -598,7 +592,7 @@ fn bench_report_carries_the_scripted_timings() {
 
 #[test]
 fn open_loop_sends_rate_times_duration_whatever_the_latency() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     // Every answer takes 400 ms: a closed loop would fall far behind 50 req/s.
     let server = start(Mode::Normal, Duration::from_millis(400), None);
     let r = bench_json(&[
@@ -625,7 +619,7 @@ fn open_loop_sends_rate_times_duration_whatever_the_latency() {
 
 #[test]
 fn http_429_from_a_saturated_server_is_its_own_outcome() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(
         Mode::Saturating { capacity: 2 },
         Duration::from_millis(100),
@@ -652,7 +646,7 @@ fn http_429_from_a_saturated_server_is_its_own_outcome() {
 
 #[test]
 fn garbage_mid_stream_is_counted_as_an_error_not_a_crash() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(Mode::GarbageEvery(3), Duration::from_millis(10), None);
     let r = bench_json(&[
         "--url",
@@ -675,7 +669,7 @@ fn garbage_mid_stream_is_counted_as_an_error_not_a_crash() {
 
 #[test]
 fn mixed_scenario_runs_every_kind_with_its_own_load() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(Mode::Normal, Duration::from_millis(20), None);
     let dir = tempfile::tempdir().unwrap();
     let clips = dir.path().join("clips");
@@ -742,7 +736,7 @@ weight = 2
 
 #[test]
 fn reports_validate_against_the_schema_and_svgs_are_xml() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(
         Mode::Saturating { capacity: 3 },
         Duration::from_millis(10),
@@ -812,7 +806,7 @@ fn reports_validate_against_the_schema_and_svgs_are_xml() {
 /// A report built in-process with a scripted GPU whose memory rises while requests run.
 #[test]
 fn gpu_memory_baseline_peak_delta_and_process_peak_from_the_scripted_probe() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let probe = Arc::new(ScriptedProbe::new([]));
     let memory = Memory {
         probe: Arc::clone(&probe),
@@ -896,7 +890,7 @@ fn gpu_memory_baseline_peak_delta_and_process_peak_from_the_scripted_probe() {
 
 #[test]
 fn bad_input_is_one_line_and_exit_2() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let dir = tempfile::tempdir().unwrap();
     let keyed = start(Mode::RequireKey, Duration::from_millis(1), None);
     let normal = start(Mode::Normal, Duration::from_millis(1), None);
@@ -955,7 +949,7 @@ fn bad_input_is_one_line_and_exit_2() {
 
 #[test]
 fn ctrl_c_writes_the_partial_report() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(Mode::Normal, Duration::from_millis(50), None);
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("partial.json");
@@ -1080,7 +1074,7 @@ fn soak_with(
 
 #[test]
 fn soak_verdict_is_leak_for_a_rising_floor() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     // Every request leaves 1 MiB behind: 5 MiB per round.
     let r = soak_with(|_| MIB, None);
     assert_eq!(r.rounds.len(), 8);
@@ -1113,7 +1107,7 @@ fn soak_verdict_is_leak_for_a_rising_floor() {
 
 #[test]
 fn soak_verdict_is_no_leak_for_a_plateau_and_history_spans_runs() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("soak.sqlite");
     // Allocator warm-up: the first round's requests grow the pool, then it stays flat.
@@ -1143,7 +1137,7 @@ fn soak_verdict_is_no_leak_for_a_plateau_and_history_spans_runs() {
 /// count matches what the engine served.
 #[test]
 fn http_429_from_a_saturated_headroom_serve_gateway() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let engine = start(Mode::Normal, Duration::from_millis(150), None);
     let toml = format!(
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\", \"/v1/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 2\nmax_queue = 0\npolicy = \"reject\"\n",
@@ -1188,7 +1182,7 @@ fn http_429_from_a_saturated_headroom_serve_gateway() {
 /// sweep.
 #[test]
 fn sweep_finds_the_saturation_point() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(
         Mode::Saturating { capacity: 4 },
         Duration::from_millis(100),
@@ -1231,7 +1225,7 @@ fn sweep_finds_the_saturation_point() {
 /// instead of a made-up answer.
 #[test]
 fn soak_binary_without_gpu_keeps_rounds_and_says_why_there_is_no_verdict() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let server = start(Mode::Normal, Duration::from_millis(5), None);
     let dir = tempfile::tempdir().unwrap();
     let history = dir.path().join("h.sqlite");
@@ -1295,7 +1289,7 @@ fn soak_binary_without_gpu_keeps_rounds_and_says_why_there_is_no_verdict() {
 /// requires an API key, as one off loopback does: `--api-key` reaches /metrics too.
 #[test]
 fn soak_reads_the_gateway_queue_depth_from_its_metrics() {
-    let _serial = serial();
+    let _serial = serial_blocking();
     let engine = start(Mode::Normal, Duration::from_millis(100), None);
     let toml = format!(
         "listen = \"127.0.0.1:0\"\napi_keys = [\"soak-key\"]\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 1\nmax_queue = 8\nqueue_timeout = \"10s\"\npolicy = \"queue\"\n",

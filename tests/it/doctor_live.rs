@@ -120,7 +120,7 @@ fn findings(report: &Value) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn doctor_metrics_names_a_gateway_that_rejects_text_while_audio_idles() {
-    let _serial = crate::serve::SERIAL.lock().await;
+    let _serial = crate::common::SERIAL.lock().await;
     let up = serve_upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr) = serve(
@@ -180,7 +180,7 @@ async fn doctor_metrics_names_a_gateway_that_rejects_text_while_audio_idles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn doctor_metrics_says_nothing_is_wrong_with_a_quiet_gateway() {
-    let _serial = crate::serve::SERIAL.lock().await;
+    let _serial = crate::common::SERIAL.lock().await;
     let up = serve_upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr) = serve(
@@ -259,7 +259,7 @@ fn doctor_metrics_refuses_bad_addresses_with_one_line_and_exit_2() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn doctor_metrics_names_clients_that_come_back_before_retry_after() {
-    let _serial = crate::serve::SERIAL.lock().await;
+    let _serial = crate::common::SERIAL.lock().await;
     let up = serve_upstream::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (mut child, addr) = serve(

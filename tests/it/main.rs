@@ -4,6 +4,7 @@
 mod admin_box;
 mod bench;
 mod cli;
+mod common;
 mod deploy;
 mod doctor;
 mod doctor_cli;

@@ -16,9 +16,9 @@ use headroom_server::{Running, ServeConfig};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::common::SERIAL;
+
 const MIB: u64 = 1 << 20;
-/// These tests allocate hundreds of MiB: one at a time.
-pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The fake audio upstream, killed when dropped.
 pub(crate) struct AllocUpstream {

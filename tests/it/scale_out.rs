@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::serve::{SERIAL, client, gateway, multipart_body, text_lane};
+use crate::common::SERIAL;
+use crate::serve::{client, gateway, multipart_body, text_lane};
 use crate::serve_upstream::{self, Upstream};
 
 const FRONT: u16 = 20800;

@@ -8,10 +8,8 @@ use headroom_server::{Running, ServeConfig};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use crate::common::{SERIAL, config_file, rig};
 use crate::serve_upstream::{self, Upstream};
-
-/// The gateway tests measure latency, so they run one at a time.
-pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub(crate) async fn gateway(toml: &str) -> Running {
     let config = ServeConfig::from_toml(toml).expect("test config is valid");
@@ -185,10 +183,7 @@ pub(crate) fn audio_lane(up: &Upstream, extra: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_concurrent_requests_on_a_two_slot_lane_give_two_served_and_eight_429() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 2\nmax_queue = 0\nqueue_timeout = \"5s\"\nrequest_timeout = \"60s\"\npolicy = \"reject\"")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 2\nmax_queue = 0\nqueue_timeout = \"5s\"\nrequest_timeout = \"60s\"\npolicy = \"reject\"")).await;
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(10));
     let mut tasks = Vec::new();
     for i in 0..10 {
@@ -336,17 +331,16 @@ async fn audio_round(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn audio_p99_holds_while_text_is_flooded_tenfold() {
-    let _serial = SERIAL.lock().await;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-    let up = serve_upstream::start().await;
-    let toml = format!(
-        "{}{}",
-        text_lane(&up, "max_inflight = 2\nmax_queue = 0\npolicy = \"reject\""),
-        audio_lane(&up, "max_inflight = 50\nmax_queue = 8\npolicy = \"queue\"")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| {
+        format!(
+            "{}{}",
+            text_lane(up, "max_inflight = 2\nmax_queue = 0\npolicy = \"reject\""),
+            audio_lane(up, "max_inflight = 50\nmax_queue = 8\npolicy = \"queue\"")
+        )
+    })
+    .await;
     let body = Arc::new(multipart_body(Some(&wav(1.0)), "whisper-1"));
 
     // Twenty text clients against two slots (ten times the lane's capacity), active on demand.
@@ -456,21 +450,17 @@ async fn audio_p99_holds_while_text_is_flooded_tenfold() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_yielding_text_lane_waits_for_audio_to_end_or_for_max_yield() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
+    let (_serial, up, g, c, b) = rig(|up| format!(
         "{}{}",
         text_lane(
-            &up,
+            up,
             "max_inflight = 2\nmax_queue = 4\nqueue_timeout = \"5s\"\npolicy = \"queue\"\nyield_to = [\"audio\"]\nmax_yield = \"700ms\""
         ),
         audio_lane(
-            &up,
+            up,
             "max_inflight = 1\nmax_queue = 4\npolicy = \"queue\"\npriority = 10"
         )
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    )).await;
 
     // Half one: audio work (400 ms) ends before max_yield; text starts only after it ends.
     let (c1, b1) = (c.clone(), b.clone());
@@ -532,14 +522,13 @@ async fn a_yielding_text_lane_waits_for_audio_to_end_or_for_max_yield() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bounded_queue_serves_in_order_or_answers_503_at_queue_timeout() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(
-        &up,
-        "max_inflight = 1\nmax_queue = 4\nqueue_timeout = \"800ms\"\npolicy = \"queue\"",
-    ))
+    let (_serial, up, g, c, b) = rig(|up| {
+        text_lane(
+            up,
+            "max_inflight = 1\nmax_queue = 4\nqueue_timeout = \"800ms\"\npolicy = \"queue\"",
+        )
+    })
     .await;
-    let (c, b) = (client(), base(&g));
     // Each request holds the only slot for 600 ms: long beside a loaded machine's stalls, so the
     // second request is served after one hold and the third times out in the queue.
     let hold = [("x-test-chunks", "1"), ("x-test-interval-ms", "600")];
@@ -625,14 +614,13 @@ async fn a_bounded_queue_serves_in_order_or_answers_503_at_queue_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_the_queue_is_removed_at_once() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(
-        &up,
-        "max_inflight = 1\nmax_queue = 4\nqueue_timeout = \"10s\"\npolicy = \"queue\"",
-    ))
+    let (_serial, up, g, c, b) = rig(|up| {
+        text_lane(
+            up,
+            "max_inflight = 1\nmax_queue = 4\nqueue_timeout = \"10s\"\npolicy = \"queue\"",
+        )
+    })
     .await;
-    let (c, b) = (client(), base(&g));
     let (c1, b1) = (c.clone(), b.clone());
     let holder = tokio::spawn(async move {
         chat(
@@ -673,10 +661,7 @@ async fn a_client_that_leaves_the_queue_is_removed_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_disconnect_mid_stream_cancels_the_upstream_at_once() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 2")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 2")).await;
     let r = chat(
         &c,
         &b,
@@ -726,10 +711,7 @@ async fn a_client_disconnect_mid_stream_cancels_the_upstream_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_upstream_dying_mid_stream_ends_the_stream_with_an_error_event() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 1")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 1")).await;
     let r = chat(
         &c,
         &b,
@@ -768,21 +750,17 @@ fn xorshift(state: &mut u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_rounds_of_mixed_faults_leave_every_gauge_at_zero() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
+    let (_serial, _up, g, c, b) = rig(|up| format!(
         "{}{}",
         text_lane(
-            &up,
+            up,
             "max_inflight = 4\nmax_queue = 4\nqueue_timeout = \"50ms\"\nrequest_timeout = \"150ms\"\npolicy = \"queue\"\nmax_body_bytes = \"32KiB\""
         ),
         audio_lane(
-            &up,
+            up,
             "max_inflight = 2\nmax_queue = 2\nqueue_timeout = \"50ms\"\nrequest_timeout = \"150ms\"\npolicy = \"queue\""
         )
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    )).await;
     let next = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -960,18 +938,14 @@ type BadInput<'a> = (
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serving() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
+    let (_serial, _up, g, c, b) = rig(|up| format!(
         "{}{}",
         text_lane(
-            &up,
+            up,
             "max_inflight = 2\nmax_body_bytes = \"64KiB\"\nmax_output_tokens = 100\noutput_tokens_mode = \"reject\""
         ),
-        audio_lane(&up, "max_inflight = 1\nmax_audio_seconds = 5.0")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+        audio_lane(up, "max_inflight = 1\nmax_audio_seconds = 5.0")
+    )).await;
     let chat_url = format!("{b}/v1/chat/completions");
     let audio_url = format!("{b}/v1/audio/transcriptions");
     let msgs = json!([{"role": "user", "content": "hi"}]);
@@ -1350,14 +1324,10 @@ async fn bad_input_gets_its_documented_status_and_code_and_the_server_keeps_serv
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_fallback_policy_answers_overload_with_a_rule_based_cleanup() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(
-        &up,
+    let (_serial, up, g, c, b) = rig(|up| text_lane(
+        up,
         "max_inflight = 1\nmax_queue = 0\npolicy = \"fallback\"\nfallback = \"rule-based-cleanup\"",
-    ))
-    .await;
-    let (c, b) = (client(), base(&g));
+    )).await;
     let (c1, b1) = (c.clone(), b.clone());
     let holder = tokio::spawn(async move {
         chat(
@@ -1399,10 +1369,7 @@ async fn the_fallback_policy_answers_overload_with_a_rule_based_cleanup() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upstream_errors_in_other_shapes_reach_the_client_in_openai_shape() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 2")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 2")).await;
     let r = chat(
         &c,
         &b,
@@ -1439,15 +1406,14 @@ async fn upstream_errors_in_other_shapes_reach_the_client_in_openai_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn output_tokens_are_capped_and_speech_streams_back_binary() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
-        "{}{}",
-        text_lane(&up, "max_inflight = 2\nmax_output_tokens = 64"),
-        audio_lane(&up, "max_inflight = 1")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, up, g, c, b) = rig(|up| {
+        format!(
+            "{}{}",
+            text_lane(up, "max_inflight = 2\nmax_output_tokens = 64"),
+            audio_lane(up, "max_inflight = 1")
+        )
+    })
+    .await;
     let body =
         json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000})
             .to_string();
@@ -1478,13 +1444,12 @@ async fn output_tokens_are_capped_and_speech_streams_back_binary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn engine_metrics_hold_admission_while_the_engine_queue_is_long() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    *up.metrics_text.lock().unwrap() = "vllm:num_requests_waiting{model_name=\"m\"} 5\nvllm:num_requests_running{model_name=\"m\"} 8\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.97\n".into();
-    let toml = text_lane(&up, "max_inflight = 4\nengine = \"vllm\"\nengine_max_waiting = 2\nengine_metrics_stale_after = \"2s\"")
-        .replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:0\"\nscrape_interval = \"50ms\"");
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, up, g, c, b) = rig(|up| {
+        *up.metrics_text.lock().unwrap() = "vllm:num_requests_waiting{model_name=\"m\"} 5\nvllm:num_requests_running{model_name=\"m\"} 8\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.97\n".into();
+        text_lane(up, "max_inflight = 4\nengine = \"vllm\"\nengine_max_waiting = 2\nengine_metrics_stale_after = \"2s\"")
+            .replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:0\"\nscrape_interval = \"50ms\"")
+    })
+    .await;
     let s = wait_lane(&c, &b, "text", Duration::from_secs(2), |l| {
         l["upstreams"][0]["waiting"] == 5.0
     })
@@ -1514,14 +1479,13 @@ async fn engine_metrics_hold_admission_while_the_engine_queue_is_long() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn api_keys_are_required_when_configured_and_not_forwarded() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = text_lane(&up, "max_inflight = 2").replace(
-        "listen = \"127.0.0.1:0\"",
-        "listen = \"127.0.0.1:0\"\napi_keys = [\"sekrit-key\"]",
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, up, g, c, b) = rig(|up| {
+        text_lane(up, "max_inflight = 2").replace(
+            "listen = \"127.0.0.1:0\"",
+            "listen = \"127.0.0.1:0\"\napi_keys = [\"sekrit-key\"]",
+        )
+    })
+    .await;
     let r = chat(&c, &b, "none", &[], false).await;
     assert_eq!(r.status(), 401);
     assert_eq!(json_of(r).await["error"]["code"], "invalid_api_key");
@@ -1568,15 +1532,14 @@ async fn api_keys_are_required_when_configured_and_not_forwarded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn models_are_merged_and_readiness_follows_upstreams() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
-        "{}{}",
-        text_lane(&up, ""),
-        audio_lane(&up, "").replace(&up.url(), "http://127.0.0.1:9")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| {
+        format!(
+            "{}{}",
+            text_lane(up, ""),
+            audio_lane(up, "").replace(&up.url(), "http://127.0.0.1:9")
+        )
+    })
+    .await;
     let v = json_of(c.get(format!("{b}/v1/models")).send().await.unwrap()).await;
     assert_eq!(v["data"][0]["id"], "test-model");
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
@@ -1590,15 +1553,11 @@ async fn models_are_merged_and_readiness_follows_upstreams() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chat_requests_carrying_audio_go_to_the_chat_audio_lane_with_its_duration_cap() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
+    let (_serial, _up, g, c, b) = rig(|up| format!(
         "{}[[lanes]]\nname = \"voice-chat\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nchat_audio = true\nmax_audio_seconds = 5.0\n",
-        text_lane(&up, "max_inflight = 2"),
+        text_lane(up, "max_inflight = 2"),
         up.url()
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    )).await;
     let b64 = |d: &[u8]| {
         const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         let mut out = String::new();
@@ -1723,9 +1682,7 @@ pub(crate) fn wait_exit(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_binary_serves_the_minimal_config_and_exits_on_sigterm() {
     let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("headroom.toml");
-    std::fs::write(&path, MINIMAL_CONFIG).unwrap();
+    let (_dir, path) = config_file(MINIMAL_CONFIG);
     let check = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args(["serve", "--check", "--config"])
         .arg(&path)
@@ -1764,16 +1721,10 @@ async fn the_binary_serves_the_minimal_config_and_exits_on_sigterm() {
 async fn sigterm_lets_an_inflight_stream_finish_then_stops_accepting() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("headroom.toml");
-    std::fs::write(
-        &path,
-        text_lane(&up, "max_inflight = 2").replace(
-            "listen = \"127.0.0.1:0\"",
-            "listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"",
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = config_file(&text_lane(&up, "max_inflight = 2").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nshutdown_grace = \"5s\"",
+    ));
     let (mut child, addr) = start_binary(&path, &[]);
     let c = client();
     let b = format!("http://{addr}");
@@ -1899,10 +1850,7 @@ async fn the_official_openai_python_client_streams_and_transcribes_through_the_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_client_that_leaves_a_non_streaming_request_aborts_the_upstream() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 1")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 1")).await;
     let request = chat(&c, &b, "slow", &[("x-test-delay-ms", "3000")], false);
     assert!(
         tokio::time::timeout(Duration::from_millis(300), request)
@@ -2072,14 +2020,8 @@ async fn max_input_tokens_counts_with_the_configured_tokenizer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deadlines_end_requests_with_504_or_a_final_error_event() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(
-        &up,
-        "max_inflight = 2\nrequest_timeout = \"1500ms\"",
-    ))
-    .await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, up, g, c, b) =
+        rig(|up| text_lane(up, "max_inflight = 2\nrequest_timeout = \"1500ms\"")).await;
     // Before the response starts: 504 at the lane's deadline, long before the upstream's 10 s.
     // The time scale (1.5 s deadline, 100 ms client deadline, 10 s upstream) keeps the three
     // apart by more than a loaded 2-core box stalls.
@@ -2157,21 +2099,17 @@ async fn deadlines_end_requests_with_504_or_a_final_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_inflight_total_caps_all_lanes_on_the_device_together() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
+    let (_serial, up, g, c, b) = rig(|up| format!(
         "{}{}",
-        text_lane(&up, "max_inflight = 2\npolicy = \"reject\"").replace(
+        text_lane(up, "max_inflight = 2\npolicy = \"reject\"").replace(
             "listen = \"127.0.0.1:0\"",
             "listen = \"127.0.0.1:0\"\nmax_inflight_total = 2"
         ),
         audio_lane(
-            &up,
+            up,
             "max_inflight = 2\nmax_queue = 2\npolicy = \"queue\"\nqueue_timeout = \"3s\"\npriority = 10"
         )
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    )).await;
     let mut holders = Vec::new();
     for i in 0..2 {
         let (c, b) = (c.clone(), b.clone());
@@ -2219,16 +2157,10 @@ async fn max_inflight_total_caps_all_lanes_on_the_device_together() {
 async fn sigterm_stops_waiting_for_inflight_work_after_the_grace_period() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("headroom.toml");
-    std::fs::write(
-        &path,
-        text_lane(&up, "max_inflight = 2").replace(
-            "listen = \"127.0.0.1:0\"",
-            "listen = \"127.0.0.1:0\"\nshutdown_grace = \"300ms\"",
-        ),
-    )
-    .unwrap();
+    let (_dir, path) = config_file(&text_lane(&up, "max_inflight = 2").replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nshutdown_grace = \"300ms\"",
+    ));
     let (mut child, addr) = start_binary(&path, &[]);
     let c = client();
     let b = format!("http://{addr}");
@@ -2271,18 +2203,14 @@ async fn sigterm_stops_waiting_for_inflight_work_after_the_grace_period() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn audio_work_preempts_running_text_on_a_preemptible_lane() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
+    let (_serial, up, g, c, b) = rig(|up| format!(
         "{}{}",
         text_lane(
-            &up,
+            up,
             "max_inflight = 2\nyield_to = [\"audio\"]\nmax_yield = \"5s\"\npreempt = true\npreempt_per_job = 2"
         ),
-        audio_lane(&up, "max_inflight = 1")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+        audio_lane(up, "max_inflight = 1")
+    )).await;
     // A long text stream and a non-streaming text request wait on the upstream...
     let (_, mut body) = started_stream(
         &c,

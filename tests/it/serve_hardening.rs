@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::common::{SERIAL, config_file, rig};
 use crate::serve::{
-    SERIAL, base, chat, client, gateway, json_of, metric, multipart_body, text_lane, wait_lane,
+    base, chat, client, gateway, json_of, metric, multipart_body, text_lane, wait_lane,
 };
 use crate::serve_upstream;
 
@@ -189,14 +190,13 @@ async fn the_fallback_names_itself_and_answers_only_the_reasons_it_is_allowed() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn audio_of_unknown_length_counts_as_the_lanes_longest_clip() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
-        "listen = \"127.0.0.1:0\"\n{}",
-        crate::serve::audio_lane(&up, "max_inflight = 1\nmax_audio_seconds = 5.0")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| {
+        format!(
+            "listen = \"127.0.0.1:0\"\n{}",
+            crate::serve::audio_lane(up, "max_inflight = 1\nmax_audio_seconds = 5.0")
+        )
+    })
+    .await;
     let read = |name: &str| {
         std::fs::read(format!(
             "{}/tests/data/audio/{name}",
@@ -241,10 +241,7 @@ async fn audio_of_unknown_length_counts_as_the_lanes_longest_clip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_upstream_dying_inside_an_event_leaves_the_error_event_framed_on_its_own() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 2")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 2")).await;
     let r = chat(
         &c,
         &b,
@@ -287,13 +284,10 @@ pub(crate) fn rss_bytes(pid: u32) -> u64 {
 async fn fifty_thousand_unscraped_requests_leave_the_gateways_memory_flat() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(
-        &config,
-        text_lane(&up, "max_inflight = 64\nmax_queue = 64\npolicy = \"queue\""),
-    )
-    .unwrap();
+    let (_dir, config) = config_file(&text_lane(
+        &up,
+        "max_inflight = 64\nmax_queue = 64\npolicy = \"queue\"",
+    ));
     let (mut child, addr) = crate::serve::start_binary(&config, &[]);
     let pid = child.id();
     let c = client();

@@ -13,7 +13,8 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use crate::serve::{SERIAL, base, chat, client, gateway, json_of, metric, text_lane};
+use crate::common::{SERIAL, config_file, rig};
+use crate::serve::{base, chat, client, gateway, json_of, metric, text_lane};
 use crate::serve_upstream;
 
 /// An upstream whose every chat answer is an endless SSE stream of 64 KiB events, as fast as it
@@ -162,14 +163,13 @@ fn closed_after(addr: &str, head: &[u8], every: Duration, within: Duration) -> O
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slowloris_and_idle_connections_are_closed() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let toml = format!(
-        "client_header_timeout = \"1s\"\nkeepalive_timeout = \"2s\"\n{}",
-        text_lane(&up, "")
-    );
-    let g = gateway(&toml).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| {
+        format!(
+            "client_header_timeout = \"1s\"\nkeepalive_timeout = \"2s\"\n{}",
+            text_lane(up, "")
+        )
+    })
+    .await;
     let addr = g.addr.to_string();
     let slow_head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
     let within = Duration::from_secs(8);
@@ -273,9 +273,7 @@ fn start_limited(config: &std::path::Path, limit: u32) -> (std::process::Child, 
 async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_limit() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
-    std::fs::write(&config, text_lane(&up, "max_inflight = 4")).unwrap();
+    let (_dir, config) = config_file(&text_lane(&up, "max_inflight = 4"));
     let (child, addr) = start_limited(&config, 256);
     let mut child = Reaped(child);
     // 600 connections that say nothing, more than the limit: those the gateway does not take
@@ -340,20 +338,14 @@ async fn new_clients_are_answered_while_idle_connections_fill_the_descriptor_lim
 async fn bodies_held_in_memory_stay_under_the_cap() {
     let _serial = SERIAL.lock().await;
     let up = serve_upstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("serve.toml");
     // max_body_memory is left at its default: 4 x the largest max_body_bytes (192 MiB here).
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\n{}",
-            crate::serve::audio_lane(
-                &up,
-                "max_body_bytes = \"48MiB\"\nmax_inflight = 1\nmax_queue = 16\npolicy = \"queue\"\nqueue_timeout = \"60s\"\nrequest_timeout = \"60s\""
-            )
-        ),
-    )
-    .unwrap();
+    let (_dir, config) = config_file(&format!(
+        "listen = \"127.0.0.1:0\"\n{}",
+        crate::serve::audio_lane(
+            &up,
+            "max_body_bytes = \"48MiB\"\nmax_inflight = 1\nmax_queue = 16\npolicy = \"queue\"\nqueue_timeout = \"60s\"\nrequest_timeout = \"60s\""
+        )
+    ));
     let (child, addr) = crate::serve::start_binary(&config, &[]);
     let mut child = Reaped(child);
     let pid = child.0.id();
@@ -463,14 +455,13 @@ async fn a_body_that_finds_no_room_in_time_gets_503_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn what_is_left_at_the_end_of_the_grace_gets_503_or_an_error_event() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&format!(
-        "shutdown_grace = \"500ms\"\n{}",
-        text_lane(&up, "max_inflight = 4\nrequest_timeout = \"60s\"")
-    ))
+    let (_serial, up, g, c, b) = rig(|up| {
+        format!(
+            "shutdown_grace = \"500ms\"\n{}",
+            text_lane(up, "max_inflight = 4\nrequest_timeout = \"60s\"")
+        )
+    })
     .await;
-    let (c, b) = (client(), base(&g));
     // A plain request the upstream answers in 10 s, and a stream of an event every 300 ms.
     let (c1, b1) = (c.clone(), b.clone());
     let plain = tokio::spawn(async move {
@@ -531,10 +522,8 @@ fn raw(addr: &str, request: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_auth_scheme_is_any_case_and_http11_needs_a_host() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&format!("api_keys = [\"k1\"]\n{}", text_lane(&up, ""))).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) =
+        rig(|up| format!("api_keys = [\"k1\"]\n{}", text_lane(up, ""))).await;
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let r = chat(
             &c,
@@ -634,10 +623,7 @@ async fn readyz_answers_from_the_background_check_and_says_little_without_a_key(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_upstreams_own_error_codes_do_not_become_metric_labels() {
-    let _serial = SERIAL.lock().await;
-    let up = serve_upstream::start().await;
-    let g = gateway(&text_lane(&up, "max_inflight = 4")).await;
-    let (c, b) = (client(), base(&g));
+    let (_serial, _up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 4")).await;
     let lines = |c: reqwest::Client, b: String| async move {
         c.get(format!("{b}/metrics"))
             .send()

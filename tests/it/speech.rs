@@ -10,7 +10,8 @@ use headroom_gpu::{DeviceSnapshot, GpuProbe, ProbeError};
 use headroom_server::ServeConfig;
 use serde_json::json;
 
-use crate::serve::{SERIAL, audio_lane, base, client, json_of};
+use crate::common::SERIAL;
+use crate::serve::{audio_lane, base, client, json_of};
 use crate::serve_upstream;
 
 /// A pool with a fixed free figure (what the memory feed reads).

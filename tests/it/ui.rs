@@ -503,7 +503,7 @@ async fn page_shows_why_an_audio_job_waits_for_memory() {
     let Some(binary) = chromium_or_skip() else {
         return;
     };
-    let _serial = crate::memory::SERIAL.lock().await;
+    let _serial = crate::common::SERIAL.lock().await;
     let upstream = crate::memory::AllocUpstream::start(16, 8000, 0);
     let pool = crate::memory::Pool::new("600MiB");
     let mut config = pool.config(&upstream.url);

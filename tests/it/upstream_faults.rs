@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
+use crate::common::SERIAL;
 use crate::fault_upstream::{self, FaultUpstream, Mode};
-use crate::serve::{SERIAL, admin, base, chat, client, gateway, lane};
+use crate::serve::{admin, base, chat, client, gateway, lane};
 
 fn two_replicas(a: &FaultUpstream, b: &FaultUpstream, extra: &str) -> String {
     format!(

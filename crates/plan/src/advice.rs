@@ -882,8 +882,8 @@ mod tests {
         );
     }
 
+    use crate::facade::plan;
     use crate::units::GIB as GIB_BYTES;
-    use crate::vllm::plan;
 
     use crate::fixtures::vibevoice_asr;
 

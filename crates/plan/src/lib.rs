@@ -4,6 +4,7 @@
 //! shared with other tenants. No I/O lives here: callers hand in plain values.
 
 pub mod advice;
+mod facade;
 pub mod kv;
 pub mod llamacpp;
 pub mod overhead;
@@ -17,6 +18,7 @@ mod fixtures;
 #[cfg(test)]
 mod properties;
 
+pub use facade::plan;
 pub use kv::{KvCacheDtype, KvLayout, KvSettings};
 pub use spec::*;
-pub use vllm::{Failure, Plan, PlanError, PlanRequest, Reservation, VllmVersion, plan};
+pub use vllm::{Failure, Plan, PlanError, PlanRequest, Reservation, VllmVersion};

@@ -2,10 +2,11 @@
 
 use proptest::prelude::*;
 
+use crate::facade::plan;
 use crate::kv::{KvCacheDtype, KvLayout, KvSettings};
 use crate::spec::ModelSpec;
 use crate::units::{GIB, MIB};
-use crate::vllm::{PlanRequest, plan};
+use crate::vllm::PlanRequest;
 
 fn dense_model() -> impl Strategy<Value = ModelSpec> {
     (1u64..=48, 0u32..=4, 6u32..=8, 1u64..=4).prop_map(

@@ -749,42 +749,6 @@ fn rank_weights(r: &Resolved) -> u64 {
     layers * r.stage_layers / r.spec.num_layers.max(1) + table
 }
 
-/// Predicts vLLM's memory for `spec` under `req`. For a speech model whose `--max-num-seqs` was
-/// not given, the plan is made again with `--max-num-seqs` lowered to the whole sequences of the
-/// planned length the KV pool holds (vLLM's 256 default would admit jobs it can only preempt).
-pub fn plan(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
-    let first = plan_advised(spec, req)?;
-    let speech = spec.kind != ModelKind::Text;
-    if !speech || req.max_num_seqs.is_some() || req.target_concurrency.is_some() {
-        return Ok(first);
-    }
-    let whole = (first.max_concurrency.floor() as u64).max(1);
-    if whole >= first.max_num_seqs {
-        return Ok(first);
-    }
-    let mut bounded = req.clone();
-    bounded.max_num_seqs = Some(whole);
-    // Keep the sizing the user chose (not a right-sized pool for the derived bound).
-    bounded.fill = true;
-    let mut p = plan_advised(spec, &bounded)?;
-    p.sizing_mode = first.sizing_mode.clone();
-    p.warnings.push(format!(
-        "--max-num-seqs {whole}: the whole {}-token sequences this KV pool holds (vLLM's default {} would admit jobs it can only preempt)",
-        thousands(p.max_model_len),
-        first.max_num_seqs
-    ));
-    Ok(p)
-}
-
-/// The prediction, and when it misses, the verified options.
-fn plan_advised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
-    let mut p = plan_unadvised(spec, req)?;
-    if !p.fits {
-        p.options = crate::advice::verified_options(spec, req);
-    }
-    Ok(p)
-}
-
 /// The prediction alone, without searching for options (each option is one of these).
 pub fn plan_unadvised(spec: &ModelSpec, req: &PlanRequest) -> Result<Plan, PlanError> {
     validate(spec, req)?;
@@ -1390,6 +1354,7 @@ fn target_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::facade::plan;
     use crate::spec::{AudioTokenizer, ExactWeights, WeightsOrigin};
     use crate::units::MIB;
 
