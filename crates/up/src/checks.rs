@@ -9,8 +9,8 @@ use std::path::Path;
 
 use crate::UpError;
 use crate::boxfile::{BoxConfig, Role};
+use crate::kept::calibration_file;
 use crate::lanes::{LaneFigures, serve_config};
-use crate::supervisor::calibration_file;
 
 /// Every check; the first failure is the error.
 pub fn before_start(config: &BoxConfig, box_path: &Path) -> Result<(), UpError> {

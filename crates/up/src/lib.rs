@@ -12,23 +12,39 @@
 //! `headroom-gpu` (NVML or the host pool), the gateway from `headroom-server`.
 
 pub mod audio_vllm;
+mod beside;
 pub mod boxfile;
+mod bringup;
 pub mod budget;
 pub mod cgroup;
 pub mod checks;
 pub mod contention;
+mod ctx;
 pub mod example;
 pub mod flags;
+mod keeper;
 pub mod kept;
 pub mod lanes;
+mod launch;
 pub mod logs;
+mod measure;
+mod meter;
+mod monitor;
+mod options;
+mod pause;
+mod plan_check;
+mod plan_flags;
+mod preflight;
 pub mod process;
+mod report;
 pub mod steady;
 pub mod supervisor;
+mod versions;
 pub mod warmup;
 
 pub use boxfile::BoxConfig;
-pub use supervisor::{UpOptions, run};
+pub use options::UpOptions;
+pub use supervisor::run;
 
 /// Why `up` stopped.
 #[derive(Debug, thiserror::Error)]

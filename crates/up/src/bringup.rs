@@ -1,0 +1,333 @@
+//! The start sequence: every audio backend started and measured in order, the text engine's
+//! budget, flags and start, the audio room check, and the figures kept in the calibration file.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use headroom_gpu::calibration::{BackendCalibration, Calibration};
+use headroom_server::admin_box::BackendState;
+
+use crate::UpError;
+use crate::beside::text_beside_audio;
+use crate::boxfile::BackendConfig;
+use crate::budget::{AudioFootprint, Budget, CoTenants, JobRoom, mib};
+use crate::ctx::{Ctx, now_ms};
+use crate::flags::TextFlags;
+use crate::kept::calibration_file;
+use crate::lanes::LaneFigures;
+use crate::launch::{Started, start};
+use crate::measure::{Measured, measure_audio, wait_steady};
+use crate::plan_check::checked_against_plan;
+use crate::plan_flags::{audio_vllm_flags, text_flags, text_sequences};
+use crate::process::Group;
+use crate::report::shown_flags;
+use crate::versions::versions_seen;
+
+/// Starts and measures every backend; returns the figures the lanes are derived from.
+pub(crate) async fn bring_up(
+    ctx: &Arc<Ctx>,
+    started: &mut Vec<Started>,
+) -> Result<Vec<LaneFigures>, UpError> {
+    let calibration_path = calibration_file(&ctx.config, &ctx.opts.box_path);
+    let previous = if ctx.opts.recalibrate {
+        None
+    } else {
+        match Calibration::load_if_present(&calibration_path) {
+            Ok(c) => c,
+            Err(e) => {
+                ctx.say(&format!("up: ignoring the calibration file: {e}"));
+                None
+            }
+        }
+    };
+    if let Some(p) = &previous {
+        ctx.say(&format!(
+            "up: starting from the figures measured {} in {} (--recalibrate measures again)",
+            p.date,
+            calibration_path.display()
+        ));
+    }
+    let mut calibration = Calibration::new(ctx.meter.kind.as_str(), ctx.meter.capacity);
+    if let Some(p) = &previous {
+        // Needs learned above the level before each job (older versions) are learned again.
+        calibration.learned = p
+            .learned
+            .iter()
+            .filter(|(_, l)| l.between_jobs)
+            .map(|(k, l)| (k.clone(), l.clone()))
+            .collect();
+    }
+    let mut lanes = Vec::new();
+    let mut footprints = Vec::new();
+    let mut alone = BTreeMap::new();
+    // Contention figures stand while the audio figures they were measured with do.
+    let mut kept_contention = BTreeMap::new();
+    for b in ctx.config.audio() {
+        let saved = previous.as_ref().and_then(|p| {
+            let kept = p.backends.get(&b.name)?;
+            Some((kept, p.versions.get(&b.name).map(String::as_str)))
+        });
+        // An audio vLLM pre-allocates: its flags are planned from what the pool has left now.
+        let planned = match &b.audio_vllm {
+            Some(_) => Some(audio_vllm_flags(ctx, b, started, &footprints)?),
+            None => None,
+        };
+        let (args, env) = planned
+            .as_ref()
+            .map(|f| (f.args.clone(), f.env.clone()))
+            .unwrap_or_default();
+        let (group, m) = bring_up_audio(ctx, b, saved, &args, &env)
+            .await
+            .map_err(|e| e.0)?;
+        if let Some(f) = &planned {
+            let check = checked_against_plan(ctx, b, f, &group, m.resident, m.peak);
+            ctx.status.update(&b.name, |r| {
+                r.flags = shown_flags(f);
+                r.plan_check = Some(check);
+            });
+        }
+        started.push((b.clone(), group, args, env));
+        if let Some(fastest) = m.fastest_job {
+            alone.insert(b.name.clone(), fastest);
+        }
+        if let (Some(_), Some(c)) = (
+            &m.kept,
+            previous.as_ref().and_then(|p| p.contention.get(&b.name)),
+        ) {
+            kept_contention.insert(b.name.clone(), c.clone());
+        }
+        lanes.push(LaneFigures {
+            speech_seconds_per_char: m.speech_seconds_per_char,
+            ..LaneFigures::new(
+                &b.name,
+                m.peak.saturating_sub(m.resident),
+                // An audio vLLM runs as many jobs at once as it has whole sequences.
+                planned.as_ref().map_or(1, |f| f.sequences),
+            )
+        });
+        footprints.push(AudioFootprint {
+            name: b.name.clone(),
+            resident_bytes: m.resident,
+            peak_bytes: m.peak,
+        });
+        match &m.kept {
+            // Kept as they are: only figures measured the same way (a warm-up) replace them.
+            Some(kept) => {
+                calibration.backends.insert(b.name.clone(), kept.clone());
+            }
+            None => calibration.set_backend(
+                &b.name,
+                BackendCalibration {
+                    role: "audio".into(),
+                    engine: b.engine.as_str().into(),
+                    idle_bytes: Some(m.idle),
+                    resident_bytes: m.resident,
+                    peak_bytes: m.peak,
+                    peak_per_audio_second_bytes: m.peak_per_audio_second,
+                    speech_seconds_per_char: m.speech_seconds_per_char,
+                    warmup_runs: m.runs,
+                    date: String::new(),
+                },
+            ),
+        }
+        calibration
+            .versions
+            .insert(b.name.clone(), versions_seen(b));
+    }
+    if let Some(t) = ctx.config.text() {
+        let mut cotenants = CoTenants::default();
+        let roots: Vec<u32> = started.iter().map(|(_, g, _, _)| g.pid).collect();
+        let trees: Vec<Vec<u32>> = roots.iter().map(|&r| ctx.meter.tree(r)).collect();
+        cotenants.observe_samples(&ctx.meter.sampler.since(ctx.started_ms), |s| {
+            trees.iter().map(|t| ctx.meter.bytes_in(s, t)).sum()
+        });
+        let budget = Budget::new(
+            ctx.meter.capacity,
+            &footprints,
+            cotenants.max_bytes(),
+            ctx.config.memory.margin,
+        );
+        ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
+        ctx.status.lock().text_budget_bytes = budget.text_bytes;
+        let slots = text_sequences(ctx, t, &lanes);
+        let text_flags = text_flags(ctx, t, &budget, &footprints, slots)?;
+        ctx.say(&format!(
+            "up: [{}] flags: {}",
+            t.name,
+            text_flags.describe()
+        ));
+        let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
+        ctx.status
+            .update(&t.name, |r| r.flags = shown_flags(&text_flags));
+        started.push((
+            t.clone(),
+            group,
+            text_flags.args.clone(),
+            text_flags.env.clone(),
+        ));
+        // The text engine fills its pages as its cache is used: count it at its plan.
+        let text_held = m.resident.max(text_flags.expected.total_bytes);
+        let room = JobRoom::new(
+            ctx.meter.capacity,
+            &footprints,
+            text_held,
+            cotenants.max_bytes(),
+        );
+        check_audio_room(ctx, &room, &lanes, &mut calibration)?;
+        let (gives_way_to, preempt_settle) = text_beside_audio(
+            ctx,
+            t,
+            &text_flags,
+            &alone,
+            &kept_contention,
+            &mut calibration,
+        )
+        .await;
+        lanes.push(LaneFigures {
+            gives_way_to,
+            preempt_settle,
+            ..LaneFigures::new(&t.name, 0, text_flags.sequences)
+        });
+        calibration.set_backend(
+            &t.name,
+            BackendCalibration {
+                role: "text".into(),
+                engine: t.engine.as_str().into(),
+                idle_bytes: None,
+                resident_bytes: m.resident,
+                peak_bytes: m.peak,
+                peak_per_audio_second_bytes: None,
+                speech_seconds_per_char: None,
+                warmup_runs: 0,
+                date: String::new(),
+            },
+        );
+        calibration
+            .versions
+            .insert(t.name.clone(), versions_seen(t));
+    }
+    calibration
+        .versions
+        .insert("headroom".into(), env!("CARGO_PKG_VERSION").into());
+    match calibration.save(&calibration_path) {
+        Ok(()) => ctx.say(&format!(
+            "up: figures kept in {}",
+            calibration_path.display()
+        )),
+        Err(e) => ctx.say(&format!("up: warning: could not keep the figures: {e}")),
+    }
+    Ok(lanes)
+}
+
+/// Refuses a box in which an audio lane could never admit a job: its need (learned, where a
+/// learned figure is kept, else measured) and the margin above what the pool can ever have free
+/// for it ([`JobRoom`]). A learned need that does not fit where the measured one does is dropped
+/// (learned again from real jobs) and said so.
+pub(crate) fn check_audio_room(
+    ctx: &Ctx,
+    room: &JobRoom,
+    lanes: &[LaneFigures],
+    calibration: &mut Calibration,
+) -> Result<(), UpError> {
+    let margin = ctx.config.memory.margin;
+    for f in lanes.iter().filter(|f| f.per_job_bytes > 0) {
+        if let Some(l) = calibration.learned.get(&f.backend)
+            && !room.admits(l.bytes_per_job, margin)
+        {
+            ctx.say(&format!(
+                "up: [{}] the learned need {} and the margin {} cannot fit the room an audio job can ever find ({}); it is learned again from the measured {}",
+                f.backend,
+                mib(l.bytes_per_job),
+                mib(margin),
+                room.describe(),
+                mib(f.per_job_bytes)
+            ));
+            calibration.learned.remove(&f.backend);
+        }
+        if !room.admits(f.per_job_bytes, margin) {
+            return Err(UpError::DoesNotFit(format!(
+                "backend `{}`: its lane could never admit a job: a job needs {} and the margin {}, and at most {} can ever be free for it ({}); options: raise [memory] capacity by {}, lower [memory] margin, a smaller text `max_parallel` or `context`",
+                f.backend,
+                mib(f.per_job_bytes),
+                mib(margin),
+                mib(room.room_bytes),
+                room.describe(),
+                mib((f.per_job_bytes + margin).saturating_sub(room.room_bytes))
+            )));
+        }
+        ctx.say(&format!(
+            "up: [{}] a job needs {} + margin {}; the most an audio job can find free: {}",
+            f.backend,
+            mib(f.per_job_bytes),
+            mib(margin),
+            room.describe()
+        ));
+    }
+    Ok(())
+}
+
+/// An audio backend's start-up failure, with its group (already stopped) out of the way.
+pub(crate) struct StartFailure(UpError);
+
+pub(crate) async fn bring_up_audio(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    saved: Option<(&BackendCalibration, Option<&str>)>,
+    args: &[String],
+    env: &[(String, String)],
+) -> Result<(Group, Measured), StartFailure> {
+    let mut group = start(ctx, b, args, env).await.map_err(StartFailure)?;
+    let result = measure_audio(ctx, b, &mut group, saved).await;
+    match result {
+        Ok(m) => Ok((group, m)),
+        Err(e) => {
+            group.stop(b.stop_grace).await;
+            Err(StartFailure(e))
+        }
+    }
+}
+
+pub(crate) async fn bring_up_text(
+    ctx: &Arc<Ctx>,
+    t: &BackendConfig,
+    f: &TextFlags,
+) -> Result<(Group, Measured), UpError> {
+    let t0 = now_ms();
+    let mut group = start(ctx, t, &f.args, &f.env).await?;
+    ctx.status
+        .update(&t.name, |r| r.state = BackendState::Measuring);
+    let steady = wait_steady(ctx, t, &mut group).await;
+    let (resident, _) = match steady {
+        Ok(s) => s,
+        Err(e) => {
+            group.stop(t.stop_grace).await;
+            return Err(e);
+        }
+    };
+    let peak = ctx
+        .meter
+        .highest(group.pid, t0)
+        .unwrap_or(resident)
+        .max(resident);
+    let check = checked_against_plan(ctx, t, f, &group, resident, peak);
+    ctx.status.update(&t.name, |r| {
+        r.resident_bytes = resident;
+        r.peak_bytes = peak;
+        r.current_bytes = resident;
+        r.plan_check = Some(check);
+        r.state = BackendState::Ready;
+    });
+    Ok((
+        group,
+        Measured {
+            idle: resident,
+            resident,
+            peak,
+            peak_per_audio_second: None,
+            speech_seconds_per_char: None,
+            runs: 0,
+            kept: None,
+            fastest_job: None,
+        },
+    ))
+}

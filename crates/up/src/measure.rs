@@ -1,0 +1,275 @@
+//! Measuring an audio backend: steady levels, its warm-up jobs and their peaks, or the kept
+//! figures that stand for them after one job.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_gpu::calibration::BackendCalibration;
+use headroom_server::admin_box::BackendState;
+
+use crate::UpError;
+use crate::boxfile::BackendConfig;
+use crate::budget::mib;
+use crate::ctx::{Ctx, now_ms};
+use crate::kept::{kept_figures_apply, one_job_agrees};
+use crate::launch::last_line;
+use crate::process::Group;
+use crate::steady::{SteadyRule, judge};
+use crate::versions::versions_seen;
+use crate::warmup;
+
+/// What was measured for one backend.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Measured {
+    /// Steady before its first job (now).
+    pub(crate) idle: u64,
+    /// The level it keeps between jobs.
+    pub(crate) resident: u64,
+    pub(crate) peak: u64,
+    pub(crate) peak_per_audio_second: Option<f64>,
+    /// A speech backend's seconds of speech per input character (its warm-up's answer).
+    pub(crate) speech_seconds_per_char: Option<f64>,
+    pub(crate) runs: u32,
+    /// The figures (all but `idle`) are the calibration file's, unchanged.
+    pub(crate) kept: Option<BackendCalibration>,
+    /// The fastest warm-up job, when one ran now: the job alone.
+    pub(crate) fastest_job: Option<Duration>,
+}
+
+/// Waits until the backend's memory is steady; returns `(level, steady)`. On timeout the
+/// latest level is used and `steady` is false (logged as a warning by the caller).
+pub(crate) async fn wait_steady(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    group: &mut Group,
+) -> Result<(u64, bool), UpError> {
+    let rule = SteadyRule::new(b.steady_window);
+    let begin = Instant::now();
+    let from = now_ms();
+    loop {
+        if let Some(status) = group.reap() {
+            return Err(UpError::Backend {
+                backend: b.name.clone(),
+                what: format!(
+                    "{} while being measured; last log line: {}",
+                    ctx.how_it_ended(status),
+                    last_line(group)
+                ),
+            });
+        }
+        let points = ctx.meter.series(group.pid, from);
+        if let Some(v) = judge(&points, &rule) {
+            if v.steady {
+                return Ok((v.level, true));
+            }
+            if begin.elapsed() > b.steady_timeout {
+                ctx.say(&format!(
+                    "up: [{}] warning: memory not steady after {} s (moved {} over the last {} s); using the latest level",
+                    b.name,
+                    b.steady_timeout.as_secs(),
+                    mib(v.drift.abs() as u64),
+                    b.steady_window.as_secs_f64()
+                ));
+                return Ok((v.level, false));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub(crate) async fn measure_audio(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    saved: Option<(&BackendCalibration, Option<&str>)>,
+) -> Result<Measured, UpError> {
+    ctx.status
+        .update(&b.name, |r| r.state = BackendState::Measuring);
+    let t0 = now_ms();
+    let (idle, _) = wait_steady(ctx, b, group).await?;
+    ctx.say(&format!("up: [{}] steady at {} idle", b.name, mib(idle)));
+    // Kept figures stand for a warm-up only while they describe the backend as it starts now
+    // and as it runs one job.
+    let mut fastest_job = None;
+    let kept = match (&b.warmup, saved) {
+        (Some(w), Some((kept, kept_version))) => {
+            let agrees = match kept_figures_apply(kept, kept_version, &versions_seen(b), idle) {
+                Ok(()) => one_job(ctx, b, group, w)
+                    .await?
+                    .and_then(|(took, after, peak)| {
+                        fastest_job = Some(took);
+                        one_job_agrees(kept, after, peak)
+                    }),
+                Err(why) => Err(why),
+            };
+            match agrees {
+                Ok(()) => Some(kept),
+                Err(why) => {
+                    ctx.say(&format!(
+                        "up: [{}] measuring again (the calibration file's figures are not used): {why}",
+                        b.name
+                    ));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let measured = match (&b.warmup, kept) {
+        (Some(_), Some(kept)) => {
+            ctx.say(&format!(
+                "up: [{}] warm-up skipped: peak {}, {} between jobs, {} before the first job, measured {} (the calibration file; --recalibrate measures again)",
+                b.name,
+                mib(kept.peak_bytes),
+                mib(kept.resident_bytes),
+                mib(kept.idle_bytes.unwrap_or(idle)),
+                kept.date
+            ));
+            Measured {
+                idle,
+                resident: kept.resident_bytes,
+                peak: kept.peak_bytes,
+                peak_per_audio_second: kept.peak_per_audio_second_bytes,
+                speech_seconds_per_char: kept.speech_seconds_per_char,
+                runs: kept.warmup_runs,
+                kept: Some(kept.clone()),
+                fastest_job,
+            }
+        }
+        (Some(w), None) => {
+            let job = warmup::prepare(b, w)?;
+            let begin = now_ms();
+            let mut runs = 0;
+            let mut fastest = Duration::MAX;
+            let mut speech_rate = None;
+            for i in 1..=w.runs {
+                let answer =
+                    warmup::run(&ctx.client, &job)
+                        .await
+                        .map_err(|e| UpError::Backend {
+                            backend: b.name.clone(),
+                            what: format!(
+                                "failed its warm-up job {i}/{} ({}): {e}",
+                                w.runs, job.url
+                            ),
+                        })?;
+                runs += 1;
+                fastest = fastest.min(answer.took);
+                let rate = job
+                    .speech
+                    .zip(answer.audio_seconds)
+                    .and_then(|(input, secs)| input.seconds_per_char(secs));
+                speech_rate = rate.or(speech_rate);
+                let peak = ctx.meter.highest(group.pid, begin).unwrap_or(0);
+                ctx.say(&format!(
+                    "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
+                    b.name,
+                    w.runs,
+                    warmup_audio(&job, answer.audio_seconds, rate),
+                    answer.took.as_secs_f64(),
+                    mib(peak)
+                ));
+            }
+            if let (Some(input), None) = (job.speech, speech_rate) {
+                ctx.say(&format!(
+                    "up: [{}] the speech warm-up ({} characters) answered with no audio of a readable length: the speech lane estimates {} s per character (serve's default)",
+                    b.name,
+                    input.chars,
+                    headroom_server::config::DEFAULT_SPEECH_SECONDS_PER_CHAR
+                ));
+            }
+            let (resident, _) = wait_steady(ctx, b, group).await?;
+            let peak = ctx
+                .meter
+                .highest(group.pid, t0)
+                .unwrap_or(resident)
+                .max(resident);
+            let per_second = job
+                .audio_seconds
+                .filter(|s| *s > 0.0)
+                .map(|secs| peak.saturating_sub(idle) as f64 / secs);
+            Measured {
+                idle,
+                resident,
+                peak,
+                peak_per_audio_second: per_second,
+                speech_seconds_per_char: speech_rate,
+                runs,
+                kept: None,
+                fastest_job: (runs > 0).then_some(fastest),
+            }
+        }
+        (None, _) => {
+            let peak = ctx.meter.highest(group.pid, t0).unwrap_or(idle).max(idle);
+            Measured {
+                idle,
+                resident: idle,
+                peak,
+                peak_per_audio_second: None,
+                speech_seconds_per_char: None,
+                runs: 0,
+                kept: None,
+                fastest_job: None,
+            }
+        }
+    };
+    ctx.say(&format!(
+        "up: [{}] resident {}, peak {}{}",
+        b.name,
+        mib(measured.resident),
+        mib(measured.peak),
+        measured
+            .peak_per_audio_second
+            .map(|p| format!(", {} per audio second above idle", mib(p as u64)))
+            .unwrap_or_default()
+    ));
+    ctx.status.update(&b.name, |r| {
+        r.resident_bytes = measured.resident;
+        r.peak_bytes = measured.peak;
+        r.current_bytes = measured.idle;
+        r.state = BackendState::Ready;
+    });
+    Ok(measured)
+}
+
+/// What a warm-up job's log line says of its audio: the clip's length, or the speech it made and
+/// the rate that gives.
+pub(crate) fn warmup_audio(job: &warmup::Job, answered: Option<f64>, rate: Option<f64>) -> String {
+    match (job.speech, answered, rate) {
+        (Some(input), Some(secs), Some(rate)) => format!(
+            "{} characters to {secs:.1} s of speech ({rate:.4} s per character), ",
+            input.chars
+        ),
+        _ => job
+            .audio_seconds
+            .map(|s| format!("{s:.1} s of audio "))
+            .unwrap_or_default(),
+    }
+}
+
+/// Runs the warm-up job once on a backend started from kept figures, then waits for steady
+/// memory: `Ok(Ok((time taken, level after, highest reading)))`, or `Ok(Err(why))` when the job
+/// failed (the full warm-up will say so again).
+pub(crate) async fn one_job(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    w: &crate::boxfile::Warmup,
+) -> Result<Result<(Duration, u64, u64), String>, UpError> {
+    let job = warmup::prepare(b, w)?;
+    let begin = now_ms();
+    let took = match warmup::run(&ctx.client, &job).await {
+        Ok(a) => a.took,
+        Err(e) => return Ok(Err(format!("its warm-up job failed ({e})"))),
+    };
+    let (after, _) = wait_steady(ctx, b, group).await?;
+    let peak = ctx.meter.highest(group.pid, begin).unwrap_or(after);
+    ctx.say(&format!(
+        "up: [{}] one warm-up job: {:.2} s, peak {}, {} after it",
+        b.name,
+        took.as_secs_f64(),
+        mib(peak),
+        mib(after)
+    ));
+    Ok(Ok((took, after, peak)))
+}

@@ -1,0 +1,142 @@
+//! Memory readings of the pool: opening the probe and its sampler, a backend's readings in them
+//! (its series, its peak, its level now) and the co-tenants beside the box's own backends.
+
+use std::sync::Arc;
+
+use headroom_gpu::{
+    EnforcedPool, GpuProbe, HostPool, NvmlProbe, Sample, Sampler, SamplerConfig, process_tree,
+};
+
+use crate::UpError;
+use crate::boxfile::{BoxConfig, ProbeKind};
+use crate::cgroup::BoxCgroup;
+
+/// Memory readings of the pool: the probe, the sampler over it, and how a backend's bytes are
+/// found in a sample.
+pub(crate) struct Meter {
+    pub(crate) kind: ProbeKind,
+    pub(crate) device: u32,
+    pub(crate) capacity: u64,
+    /// The card as vLLM sees it (NVML total − reserved); the capacity on the host pool.
+    pub(crate) device_total: u64,
+    pub(crate) pool: Option<HostPool>,
+    pub(crate) sampler: Sampler,
+}
+
+impl Meter {
+    /// The backend rooted at `root` in one sample: its member row on the host pool, the sum of
+    /// its tree's processes on a GPU.
+    pub(crate) fn bytes_in(&self, sample: &Sample, tree: &[u32]) -> u64 {
+        match self.kind {
+            ProbeKind::Host => tree
+                .first()
+                .map_or(0, |&root| sample.process_used_bytes(root)),
+            ProbeKind::Nvml => tree.iter().map(|&p| sample.process_used_bytes(p)).sum(),
+        }
+    }
+
+    pub(crate) fn tree(&self, root: u32) -> Vec<u32> {
+        match self.kind {
+            ProbeKind::Host => vec![root],
+            ProbeKind::Nvml => process_tree(root),
+        }
+    }
+
+    /// `(ts_ms, bytes)` of the backend rooted at `root` since `since_ms`.
+    pub(crate) fn series(&self, root: u32, since_ms: u64) -> Vec<(u64, u64)> {
+        let tree = self.tree(root);
+        self.sampler
+            .since(since_ms)
+            .iter()
+            .filter(|s| s.gpu == self.device)
+            .map(|s| (s.ts_ms, self.bytes_in(s, &tree)))
+            .collect()
+    }
+
+    /// The highest reading of the backend rooted at `root` since `since_ms`.
+    pub(crate) fn highest(&self, root: u32, since_ms: u64) -> Option<u64> {
+        self.series(root, since_ms).iter().map(|p| p.1).max()
+    }
+
+    pub(crate) fn now_bytes(&self, root: u32) -> u64 {
+        let tree = self.tree(root);
+        self.sampler
+            .latest()
+            .iter()
+            .find(|s| s.gpu == self.device)
+            .map_or(0, |s| self.bytes_in(s, &tree))
+    }
+
+    /// Makes a backend a member of the host pool under its upstream URL, the name `serve`'s
+    /// memory feed gives the same process tree (so the two never count it twice).
+    pub(crate) fn join(&self, upstream: &str, pid: u32) {
+        if let Some(pool) = &self.pool {
+            pool.set_member(upstream, pid);
+        }
+    }
+}
+
+pub(crate) fn open_meter(
+    config: &BoxConfig,
+    enforced: Option<&BoxCgroup>,
+) -> Result<(Meter, Arc<dyn GpuProbe>), UpError> {
+    let m = &config.memory;
+    let (probe, pool, capacity, device_total): (Arc<dyn GpuProbe>, Option<HostPool>, u64, u64) =
+        match m.probe {
+            ProbeKind::Host => {
+                let capacity = match m.capacity {
+                    Some(c) => c,
+                    None => headroom_gpu::host::host_mem_total()
+                        .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
+                };
+                let pool = HostPool::new(capacity);
+                // The meter's sampler and serve's memory feed both poll the pool every
+                // sample_interval: within half of it they share one reading of /proc.
+                pool.share_readings_within(m.sample_interval / 2);
+                // Co-tenants: the processes listening on the watched upstreams, with their trees.
+                let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
+                for url in m.watch.iter().filter(|u| !ours.contains(u)) {
+                    if let Ok(pid) = headroom_gpu::url_listener(url) {
+                        pool.set_member(url, pid);
+                    }
+                }
+                // Enforced: the pool's use is the cgroup's charge, one read per sample.
+                let probe: Arc<dyn GpuProbe> = match enforced {
+                    Some(c) => Arc::new(EnforcedPool::new(pool.clone(), c.cgroup().clone())),
+                    None => Arc::new(pool.clone()),
+                };
+                (probe, Some(pool), capacity, capacity)
+            }
+            ProbeKind::Nvml => {
+                let nvml = NvmlProbe::new().map_err(|e| UpError::Probe(e.to_string()))?;
+                let devices = nvml.snapshot().map_err(|e| UpError::Probe(e.to_string()))?;
+                let device = devices
+                    .iter()
+                    .find(|d| d.index == m.device)
+                    .ok_or_else(|| UpError::Probe(format!("no GPU with index {}", m.device)))?;
+                let total = device.total_bytes.saturating_sub(device.reserved_bytes);
+                (
+                    Arc::new(nvml),
+                    None,
+                    m.capacity.unwrap_or(total).min(total),
+                    total,
+                )
+            }
+        };
+    let sampler = Sampler::start(
+        Arc::clone(&probe),
+        SamplerConfig::new(config.memory.sample_interval).with_ring_capacity(16_384),
+    )
+    .map_err(|e| UpError::Probe(e.to_string()))?;
+    Ok((
+        Meter {
+            kind: m.probe,
+            device: m.device,
+            capacity,
+            device_total,
+            pool,
+            sampler,
+        },
+        probe,
+    ))
+}
