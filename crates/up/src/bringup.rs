@@ -10,7 +10,7 @@ use headroom_server::admin_box::BackendState;
 use crate::UpError;
 use crate::beside::text_beside_audio;
 use crate::boxfile::BackendConfig;
-use crate::budget::{AudioFootprint, Budget, CoTenants, JobRoom, mib};
+use crate::budget::{AudioFootprint, Budget, JobRoom, mib};
 use crate::ctx::{Ctx, now_ms};
 use crate::flags::TextFlags;
 use crate::kept::calibration_file;
@@ -86,7 +86,12 @@ pub(crate) async fn bring_up(
                 r.plan_check = Some(check);
             });
         }
-        started.push((b.clone(), group, args, env));
+        started.push(Started {
+            backend: b.clone(),
+            group,
+            args,
+            env,
+        });
         if let Some(fastest) = m.fastest_job {
             alone.insert(b.name.clone(), fastest);
         }
@@ -135,12 +140,9 @@ pub(crate) async fn bring_up(
             .insert(b.name.clone(), versions_seen(b));
     }
     if let Some(t) = ctx.config.text() {
-        let mut cotenants = CoTenants::default();
-        let roots: Vec<u32> = started.iter().map(|(_, g, _, _)| g.pid).collect();
-        let trees: Vec<Vec<u32>> = roots.iter().map(|&r| ctx.meter.tree(r)).collect();
-        cotenants.observe_samples(&ctx.meter.sampler.since(ctx.started_ms), |s| {
-            trees.iter().map(|t| ctx.meter.bytes_in(s, t)).sum()
-        });
+        let cotenants = ctx
+            .meter
+            .cotenants(started.iter().map(|s| s.group.pid), ctx.started_ms);
         let budget = Budget::new(
             ctx.meter.capacity,
             &footprints,
@@ -159,12 +161,12 @@ pub(crate) async fn bring_up(
         let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
         ctx.status
             .update(&t.name, |r| r.flags = shown_flags(&text_flags));
-        started.push((
-            t.clone(),
+        started.push(Started {
+            backend: t.clone(),
             group,
-            text_flags.args.clone(),
-            text_flags.env.clone(),
-        ));
+            args: text_flags.args.clone(),
+            env: text_flags.env.clone(),
+        });
         // The text engine fills its pages as its cache is used: count it at its plan.
         let text_held = m.resident.max(text_flags.expected.total_bytes);
         let room = JobRoom::new(
@@ -304,11 +306,7 @@ pub(crate) async fn bring_up_text(
             return Err(e);
         }
     };
-    let peak = ctx
-        .meter
-        .highest(group.pid, t0)
-        .unwrap_or(resident)
-        .max(resident);
+    let peak = ctx.meter.peak_since(group.pid, t0, resident);
     let check = checked_against_plan(ctx, t, f, &group, resident, peak);
     ctx.status.update(&t.name, |r| {
         r.resident_bytes = resident;

@@ -7,12 +7,10 @@ use std::time::{Duration, Instant};
 use headroom_server::admin_box::BackendState;
 use tokio::sync::watch;
 
-use crate::boxfile::BackendConfig;
 use crate::budget::mib;
 use crate::cgroup::{Exit, exit_reason};
 use crate::ctx::{Ctx, stopped};
-use crate::launch::start;
-use crate::process::Group;
+use crate::launch::{Started, start};
 
 /// A life of a backend shorter than this (from healthy to exit) counts as ended early, and a
 /// longer one restarts the backoff from `restart_backoff`.
@@ -28,14 +26,13 @@ pub const CRASH_LOOP_AFTER: u32 = 3;
 /// `crash_loop` once [`CRASH_LOOP_AFTER`] lives in a row ended early, with the last exit's
 /// reason beside it: a backend that can no longer start is visible at once, not only when a
 /// restart succeeds.
-pub(crate) async fn keep(
-    ctx: Arc<Ctx>,
-    b: BackendConfig,
-    mut group: Group,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-    mut stop: watch::Receiver<bool>,
-) {
+pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Receiver<bool>) {
+    let Started {
+        backend: b,
+        mut group,
+        args,
+        env,
+    } = started;
     let mut backoff = ctx.config.restart_backoff;
     let mut healthy_since = Instant::now();
     let mut early_in_a_row = 0u32;

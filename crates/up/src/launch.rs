@@ -12,12 +12,24 @@ use crate::ctx::Ctx;
 use crate::process::{self, Group};
 use crate::warmup;
 
-/// A backend started during bring-up: its config, its process group, and the extra
-/// arguments and environment it was started with (kept for restarts).
-pub(crate) type Started = (BackendConfig, Group, Vec<String>, Vec<(String, String)>);
+/// A backend started during bring-up, with what it was started with (kept for restarts).
+pub(crate) struct Started {
+    pub(crate) backend: BackendConfig,
+    /// Its process group.
+    pub(crate) group: Group,
+    /// The arguments added to the box file's.
+    pub(crate) args: Vec<String>,
+    /// The environment added to the box file's.
+    pub(crate) env: Vec<(String, String)>,
+}
 
 pub(crate) async fn stop_all_started(ctx: &Ctx, started: &mut Vec<Started>) {
-    while let Some((b, mut g, _, _)) = started.pop() {
+    while let Some(Started {
+        backend: b,
+        group: mut g,
+        ..
+    }) = started.pop()
+    {
         g.stop(b.stop_grace).await;
         ctx.status.update(&b.name, |r| {
             r.state = BackendState::Stopped;

@@ -160,7 +160,7 @@ pub(crate) async fn measure_audio(
                     .zip(answer.audio_seconds)
                     .and_then(|(input, secs)| input.seconds_per_char(secs));
                 speech_rate = rate.or(speech_rate);
-                let peak = ctx.meter.highest(group.pid, begin).unwrap_or(0);
+                let peak = ctx.meter.peak_since(group.pid, begin, 0);
                 ctx.say(&format!(
                     "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
                     b.name,
@@ -179,11 +179,7 @@ pub(crate) async fn measure_audio(
                 ));
             }
             let (resident, _) = wait_steady(ctx, b, group).await?;
-            let peak = ctx
-                .meter
-                .highest(group.pid, t0)
-                .unwrap_or(resident)
-                .max(resident);
+            let peak = ctx.meter.peak_since(group.pid, t0, resident);
             let per_second = job
                 .audio_seconds
                 .filter(|s| *s > 0.0)
@@ -200,7 +196,7 @@ pub(crate) async fn measure_audio(
             }
         }
         (None, _) => {
-            let peak = ctx.meter.highest(group.pid, t0).unwrap_or(idle).max(idle);
+            let peak = ctx.meter.peak_since(group.pid, t0, idle);
             Measured {
                 idle,
                 resident: idle,

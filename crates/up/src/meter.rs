@@ -9,6 +9,7 @@ use headroom_gpu::{
 
 use crate::UpError;
 use crate::boxfile::{BoxConfig, ProbeKind};
+use crate::budget::CoTenants;
 use crate::cgroup::BoxCgroup;
 
 /// Memory readings of the pool: the probe, the sampler over it, and how a backend's bytes are
@@ -56,6 +57,27 @@ impl Meter {
     /// The highest reading of the backend rooted at `root` since `since_ms`.
     pub(crate) fn highest(&self, root: u32, since_ms: u64) -> Option<u64> {
         self.series(root, since_ms).iter().map(|p| p.1).max()
+    }
+
+    /// The backend's peak since `since_ms`, never below `floor` (a level it was measured at):
+    /// [`peak_of`] its series.
+    pub(crate) fn peak_since(&self, root: u32, since_ms: u64, floor: u64) -> u64 {
+        peak_of(&self.series(root, since_ms), floor)
+    }
+
+    /// What the pool held beside the box's own backends (those `roots` and their trees) in every
+    /// sample since `since_ms`.
+    pub(crate) fn cotenants(
+        &self,
+        roots: impl IntoIterator<Item = u32>,
+        since_ms: u64,
+    ) -> CoTenants {
+        let trees: Vec<Vec<u32>> = roots.into_iter().map(|r| self.tree(r)).collect();
+        let mut cotenants = CoTenants::default();
+        cotenants.observe_samples(&self.sampler.since(since_ms), |s| {
+            trees.iter().map(|t| self.bytes_in(s, t)).sum()
+        });
+        cotenants
     }
 
     pub(crate) fn now_bytes(&self, root: u32) -> u64 {
@@ -139,4 +161,25 @@ pub(crate) fn open_meter(
         },
         probe,
     ))
+}
+
+/// The highest reading of a `(ts_ms, bytes)` series, never below `floor`: the peak of a backend
+/// measured at the level `floor` (an empty series has `floor` as its peak).
+pub(crate) fn peak_of(series: &[(u64, u64)], floor: u64) -> u64 {
+    series.iter().map(|p| p.1).max().unwrap_or(floor).max(floor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::peak_of;
+
+    #[test]
+    fn the_peak_is_the_highest_reading_never_below_the_floor() {
+        let series = [(100, 50), (150, 90), (200, 70)];
+        assert_eq!(peak_of(&series, 30), 90);
+        // Measured steady at 120 after the series: the peak is at least that level.
+        assert_eq!(peak_of(&series, 120), 120);
+        assert_eq!(peak_of(&[], 40), 40, "no reading: the level measured");
+        assert_eq!(peak_of(&[(0, 7)], 0), 7);
+    }
 }

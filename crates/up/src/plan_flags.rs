@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::UpError;
 use crate::audio_vllm;
 use crate::boxfile::{BackendConfig, Engine, ProbeKind, resolve_model};
-use crate::budget::{AudioFootprint, Budget, CoTenants, mib};
+use crate::budget::{AudioFootprint, Budget, mib};
 use crate::ctx::Ctx;
 use crate::flags::{self, TextFlags};
 use crate::lanes::{LaneFigures, text_slots};
@@ -34,14 +34,9 @@ pub(crate) fn audio_vllm_flags(
         },
         other => other,
     })?;
-    let mut cotenants = CoTenants::default();
-    let trees: Vec<Vec<u32>> = started
-        .iter()
-        .map(|(_, g, _, _)| ctx.meter.tree(g.pid))
-        .collect();
-    cotenants.observe_samples(&ctx.meter.sampler.since(ctx.started_ms), |s| {
-        trees.iter().map(|t| ctx.meter.bytes_in(s, t)).sum()
-    });
+    let cotenants = ctx
+        .meter
+        .cotenants(started.iter().map(|s| s.group.pid), ctx.started_ms);
     let earlier = Budget::new(
         ctx.meter.capacity,
         footprints,

@@ -159,10 +159,10 @@ pub(crate) async fn run_inner(
 
     // Keepers: one per backend, restarting it when it exits, stopping it when told.
     let mut keepers: Vec<(String, watch::Sender<bool>, JoinHandle<()>)> = Vec::new();
-    for (backend, group, args, env) in started.drain(..) {
+    for s in started.drain(..) {
         let (tx, rx) = watch::channel(false);
-        let name = backend.name.clone();
-        let handle = tokio::spawn(keep(Arc::clone(&ctx), backend, group, args, env, rx));
+        let name = s.backend.name.clone();
+        let handle = tokio::spawn(keep(Arc::clone(&ctx), s, rx));
         keepers.push((name, tx, handle));
     }
     let monitor = tokio::spawn(monitor(Arc::clone(&ctx)));
