@@ -97,14 +97,12 @@ pub fn llamacpp_model(path: &Path) -> Result<LlamaCppModel, UpError> {
         source: e,
     })?;
     let shown = path.display().to_string();
-    let meta = read_gguf(std::io::BufReader::new(file), &shown)
-        .map_err(|e| UpError::Model(e.to_string()))?;
+    let meta = read_gguf(std::io::BufReader::new(file), &shown).map_err(UpError::Model)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    headroom_inspect::llamacpp::model_from_gguf(&meta, &name, &shown)
-        .map_err(|e| UpError::Model(e.to_string()))
+    headroom_inspect::llamacpp::model_from_gguf(&meta, &name, &shown).map_err(UpError::Model)
 }
 
 /// llama-server's host-RAM prompt cache (`--cache-ram`, 8192 MiB by default since late 2025) keeps

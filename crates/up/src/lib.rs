@@ -20,6 +20,7 @@ pub mod cgroup;
 pub mod checks;
 pub mod contention;
 mod ctx;
+mod error;
 pub mod example;
 pub mod flags;
 mod keeper;
@@ -43,59 +44,6 @@ mod versions;
 pub mod warmup;
 
 pub use boxfile::BoxConfig;
+pub use error::{GatewayFailure, ProbeFailure, UpError};
 pub use options::UpOptions;
 pub use supervisor::run;
-
-/// Why `up` stopped.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum UpError {
-    #[error("box file is not valid TOML: {0}")]
-    Toml(String),
-    #[error("box file {0}")]
-    Memory(String),
-    #[error("box file `{key}`: {message}")]
-    Config { key: String, message: String },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("backend `{backend}`: cannot start `{command}`: {reason}")]
-    Spawn {
-        backend: String,
-        command: String,
-        reason: String,
-    },
-    #[error("backend `{backend}`: port {port} on 127.0.0.1 is already in use ({reason})")]
-    PortTaken {
-        backend: String,
-        port: u16,
-        reason: String,
-    },
-    #[error("model: {0}")]
-    Model(String),
-    #[error("memory probe: {0}")]
-    Probe(String),
-    #[error("[memory] enforce: {0}")]
-    Enforce(String),
-    #[error("backend `{backend}` {what}")]
-    Backend { backend: String, what: String },
-    #[error("{0}")]
-    DoesNotFit(String),
-    #[error("gateway: {0}")]
-    Serve(String),
-}
-
-impl UpError {
-    /// The process exit code: 2 bad input or unusable environment, 3 the box does not fit,
-    /// 1 a backend that failed while starting or measuring.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            UpError::DoesNotFit(_) => 3,
-            UpError::Backend { .. } | UpError::Serve(_) => 1,
-            _ => 2,
-        }
-    }
-}

@@ -4,13 +4,14 @@
 use std::sync::Arc;
 
 use headroom_gpu::{
-    EnforcedPool, GpuProbe, HostPool, NvmlProbe, Sample, Sampler, SamplerConfig, process_tree,
+    EnforcedPool, GpuProbe, HostPool, NvmlProbe, ProbeError, Sample, Sampler, SamplerConfig,
+    process_tree,
 };
 
-use crate::UpError;
 use crate::boxfile::{BoxConfig, ProbeKind};
 use crate::budget::CoTenants;
 use crate::cgroup::BoxCgroup;
+use crate::{ProbeFailure, UpError};
 
 /// Memory readings of the pool: the probe, the sampler over it, and how a backend's bytes are
 /// found in a sample.
@@ -109,7 +110,7 @@ pub(crate) fn open_meter(
                 let capacity = match m.capacity {
                     Some(c) => c,
                     None => headroom_gpu::host::host_mem_total()
-                        .map_err(|e| UpError::Probe(format!("cannot read /proc/meminfo: {e}")))?,
+                        .map_err(|e| UpError::Probe(ProbeFailure::MemInfo(e)))?,
                 };
                 let pool = HostPool::new(capacity);
                 // The meter's sampler and serve's memory feed both poll the pool every
@@ -130,12 +131,12 @@ pub(crate) fn open_meter(
                 (probe, Some(pool), capacity, capacity)
             }
             ProbeKind::Nvml => {
-                let nvml = NvmlProbe::new().map_err(|e| UpError::Probe(e.to_string()))?;
-                let devices = nvml.snapshot().map_err(|e| UpError::Probe(e.to_string()))?;
+                let nvml = NvmlProbe::new().map_err(ProbeFailure::from)?;
+                let devices = nvml.snapshot().map_err(ProbeFailure::from)?;
                 let device = devices
                     .iter()
                     .find(|d| d.index == m.device)
-                    .ok_or_else(|| UpError::Probe(format!("no GPU with index {}", m.device)))?;
+                    .ok_or(ProbeFailure::Probe(ProbeError::NoSuchDevice(m.device)))?;
                 let total = device.total_bytes.saturating_sub(device.reserved_bytes);
                 (
                     Arc::new(nvml),
@@ -149,7 +150,7 @@ pub(crate) fn open_meter(
         Arc::clone(&probe),
         SamplerConfig::new(config.memory.sample_interval).with_ring_capacity(16_384),
     )
-    .map_err(|e| UpError::Probe(e.to_string()))?;
+    .map_err(ProbeFailure::from)?;
     Ok((
         Meter {
             kind: m.probe,

@@ -25,7 +25,7 @@ pub(crate) fn audio_vllm_flags(
     let model = resolve_model(&ctx.config.dir, &a.model)?;
     let env = headroom_inspect::resolve::Env::from_process();
     let spec = headroom_inspect::resolve_model(&model, &env)
-        .map_err(|e| UpError::Model(e.to_string()))?
+        .map_err(UpError::Model)?
         .spec;
     let len = audio_vllm::audio_length(&spec, a).map_err(|e| match e {
         UpError::Config { key, message } => UpError::Config {
@@ -122,7 +122,7 @@ pub(crate) fn text_flags(
         _ => {
             let env = headroom_inspect::resolve::Env::from_process();
             let spec = headroom_inspect::resolve_model(&model, &env)
-                .map_err(|e| UpError::Model(e.to_string()))?
+                .map_err(UpError::Model)?
                 .spec;
             if gpu {
                 flags::vllm_gpu_flags(&spec, plan, budget, audio, ctx.meter.device_total)

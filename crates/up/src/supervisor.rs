@@ -72,7 +72,7 @@ pub(crate) async fn run_inner(
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
-        .map_err(|e| UpError::Serve(e.to_string()))?;
+        .map_err(|e| UpError::Serve(e.into()))?;
     let ctx = Arc::new(Ctx {
         config,
         opts,
@@ -153,7 +153,7 @@ pub(crate) async fn run_inner(
         }
         Err(e) => {
             stop_all_started(&ctx, &mut started).await;
-            return Err(UpError::Serve(e.to_string()));
+            return Err(UpError::Serve(e.into()));
         }
     };
 
@@ -169,7 +169,7 @@ pub(crate) async fn run_inner(
 
     let addr = listener
         .local_addr()
-        .map_err(|e| UpError::Serve(e.to_string()))?;
+        .map_err(|e| UpError::Serve(e.into()))?;
     ctx.say(&format!(
         "up: box ready; gateway on http://{addr} (GET /admin/box for the figures); SIGTERM or Ctrl-C stops it"
     ));
@@ -202,7 +202,7 @@ pub(crate) async fn run_inner(
             )),
         }
     }
-    let served = served.map_err(|e| UpError::Serve(e.to_string()));
+    let served = served.map_err(|e| UpError::Serve(e.into()));
     if served.is_ok() {
         ctx.finish_logs();
     }
