@@ -20,6 +20,73 @@ pub(crate) const STAYED_UP: Duration = Duration::from_secs(60);
 /// [`STAYED_UP`]) that make a crash loop.
 pub const CRASH_LOOP_AFTER: u32 = 3;
 
+/// The restart schedule of one backend: the wait before the next try (from `restart_backoff`,
+/// doubled after each wait up to `restart_backoff_max`, back to the first after a life longer
+/// than [`STAYED_UP`]) and the lives in a row that ended early. Pure: the keeper hands in what
+/// happened.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Restarts {
+    first: Duration,
+    max: Duration,
+    wait: Duration,
+    early_in_a_row: u32,
+}
+
+impl Restarts {
+    pub(crate) fn new(first: Duration, max: Duration) -> Restarts {
+        Restarts {
+            first,
+            max,
+            wait: first,
+            early_in_a_row: 0,
+        }
+    }
+
+    /// The backend exited after `lived` since it was last healthy: the state it is down in.
+    pub(crate) fn exited(&mut self, lived: Duration) -> BackendState {
+        if lived > STAYED_UP {
+            self.wait = self.first;
+            self.early_in_a_row = 0;
+        }
+        self.early_in_a_row += 1;
+        down_state(self.early_in_a_row)
+    }
+
+    /// The wait is over (the next try begins): the one after it is twice as long, up to the most.
+    pub(crate) fn waited(&mut self) {
+        self.wait = (self.wait * 2).min(self.max);
+    }
+
+    /// A restart did not come up healthy: the state it is down in.
+    pub(crate) fn start_failed(&mut self) -> BackendState {
+        self.early_in_a_row += 1;
+        down_state(self.early_in_a_row)
+    }
+
+    /// The wait before the next try.
+    pub(crate) fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The lane's Retry-After while down: the wait and a second for the start.
+    pub(crate) fn retry_after_ms(&self) -> u64 {
+        (self.wait + Duration::from_secs(1)).as_millis() as u64
+    }
+
+    pub(crate) fn early_in_a_row(&self) -> u32 {
+        self.early_in_a_row
+    }
+}
+
+/// Restarting, or a crash loop once [`CRASH_LOOP_AFTER`] lives in a row ended early.
+fn down_state(early_in_a_row: u32) -> BackendState {
+    if early_in_a_row >= CRASH_LOOP_AFTER {
+        BackendState::CrashLoop
+    } else {
+        BackendState::Restarting
+    }
+}
+
 /// Keeps one backend running: waits for it to exit (restarts it with exponential backoff) or
 /// to be told to stop (stops its process group). Every restart attempt is counted as it begins
 /// (`restarts`), every one that does not come up healthy as a start failure, and the state says
@@ -33,16 +100,8 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
         args,
         env,
     } = started;
-    let mut backoff = ctx.config.restart_backoff;
+    let mut restarts = Restarts::new(ctx.config.restart_backoff, ctx.config.restart_backoff_max);
     let mut healthy_since = Instant::now();
-    let mut early_in_a_row = 0u32;
-    let down_state = |in_a_row: u32| {
-        if in_a_row >= CRASH_LOOP_AFTER {
-            BackendState::CrashLoop
-        } else {
-            BackendState::Restarting
-        }
-    };
     loop {
         let exited = tokio::select! {
             status = group.wait() => status,
@@ -52,11 +111,7 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
                 return;
             }
         };
-        if healthy_since.elapsed() > STAYED_UP {
-            backoff = ctx.config.restart_backoff;
-            early_in_a_row = 0;
-        }
-        early_in_a_row += 1;
+        let down = restarts.exited(healthy_since.elapsed());
         let exit = match &ctx.enforced {
             Some(c) => c.judge_exit(exited),
             None => Exit::Other(exit_reason(exited)),
@@ -71,11 +126,11 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
                 ),
                 Exit::Other(_) => exit.reason(),
             },
-            backoff.as_secs_f64()
+            restarts.wait().as_secs_f64()
         ));
-        let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
+        let retry_ms = restarts.retry_after_ms();
         ctx.status.update(&b.name, |r| {
-            r.state = down_state(early_in_a_row);
+            r.state = down;
             r.pid = None;
             r.retry_after_ms = Some(retry_ms);
             r.last_exit = Some(exit.reason());
@@ -84,13 +139,13 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
         group.stop(Duration::from_secs(2)).await;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(restarts.wait()) => {}
                 _ = stopped(&mut stop) => {
                     ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
                     return;
                 }
             }
-            backoff = (backoff * 2).min(ctx.config.restart_backoff_max);
+            restarts.waited();
             ctx.status.update(&b.name, |r| r.restarts += 1);
             let attempt = tokio::select! {
                 r = start(&ctx, &b, &args, &env) => r,
@@ -105,19 +160,18 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
                     break;
                 }
                 Err(e) => {
-                    early_in_a_row += 1;
-                    let state = down_state(early_in_a_row);
+                    let state = restarts.start_failed();
                     ctx.say(&format!(
                         "up: [{}] restart failed{}: {e}; next try in {:.1} s",
                         b.name,
                         if state == BackendState::CrashLoop {
-                            format!(" ({early_in_a_row} in a row: crash loop)")
+                            format!(" ({} in a row: crash loop)", restarts.early_in_a_row())
                         } else {
                             String::new()
                         },
-                        backoff.as_secs_f64()
+                        restarts.wait().as_secs_f64()
                     ));
-                    let retry_ms = (backoff + Duration::from_secs(1)).as_millis() as u64;
+                    let retry_ms = restarts.retry_after_ms();
                     let reason = one_line(&e.to_string());
                     ctx.status.update(&b.name, |r| {
                         r.state = state;
@@ -143,4 +197,53 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
 /// A message on one line (a backend's last log line may bring its own line breaks).
 pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use headroom_server::admin_box::BackendState;
+
+    use super::{Restarts, one_line};
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn restarts_double_their_wait_up_to_the_most_and_a_third_early_end_is_a_crash_loop() {
+        let mut r = Restarts::new(S, 5 * S);
+        // Exits 10 s after it was healthy: early, first in a row.
+        assert_eq!(r.exited(10 * S), BackendState::Restarting);
+        assert_eq!(r.wait(), S);
+        assert_eq!(r.retry_after_ms(), 2000);
+        r.waited();
+        assert_eq!(r.wait(), 2 * S);
+        assert_eq!(r.start_failed(), BackendState::Restarting);
+        assert_eq!(r.early_in_a_row(), 2);
+        assert_eq!(r.retry_after_ms(), 3000);
+        r.waited();
+        assert_eq!(r.wait(), 4 * S);
+        assert_eq!(r.start_failed(), BackendState::CrashLoop);
+        assert_eq!(r.early_in_a_row(), 3);
+        r.waited();
+        assert_eq!(r.wait(), 5 * S, "capped at restart_backoff_max");
+        r.waited();
+        assert_eq!(r.wait(), 5 * S);
+        // It came up and stayed up 61 s: the schedule starts over.
+        assert_eq!(r.exited(61 * S), BackendState::Restarting);
+        assert_eq!(r.early_in_a_row(), 1);
+        assert_eq!(r.wait(), S);
+        // Exactly 60 s is not longer than STAYED_UP: still early.
+        assert_eq!(r.exited(60 * S), BackendState::Restarting);
+        assert_eq!(r.early_in_a_row(), 2);
+        assert_eq!(r.exited(Duration::ZERO), BackendState::CrashLoop);
+    }
+
+    #[test]
+    fn a_message_is_put_on_one_line() {
+        assert_eq!(
+            one_line("exited (code 1);\n  Traceback:\n\tKeyError "),
+            "exited (code 1); Traceback: KeyError"
+        );
+    }
 }
