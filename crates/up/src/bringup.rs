@@ -120,20 +120,7 @@ pub(crate) async fn bring_up(
             Some(kept) => {
                 calibration.backends.insert(b.name.clone(), kept.clone());
             }
-            None => calibration.set_backend(
-                &b.name,
-                BackendCalibration {
-                    role: "audio".into(),
-                    engine: b.engine.as_str().into(),
-                    idle_bytes: Some(m.idle),
-                    resident_bytes: m.resident,
-                    peak_bytes: m.peak,
-                    peak_per_audio_second_bytes: m.peak_per_audio_second,
-                    speech_seconds_per_char: m.speech_seconds_per_char,
-                    warmup_runs: m.runs,
-                    date: String::new(),
-                },
-            ),
+            None => calibration.set_backend(&b.name, m.audio_calibration(b.engine)),
         }
         calibration
             .versions
@@ -315,17 +302,5 @@ pub(crate) async fn bring_up_text(
         r.plan_check = Some(check);
         r.state = BackendState::Ready;
     });
-    Ok((
-        group,
-        Measured {
-            idle: resident,
-            resident,
-            peak,
-            peak_per_audio_second: None,
-            speech_seconds_per_char: None,
-            runs: 0,
-            kept: None,
-            fastest_job: None,
-        },
-    ))
+    Ok((group, Measured::at_rest(resident, peak)))
 }

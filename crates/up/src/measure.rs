@@ -8,7 +8,7 @@ use headroom_gpu::calibration::BackendCalibration;
 use headroom_server::admin_box::BackendState;
 
 use crate::UpError;
-use crate::boxfile::BackendConfig;
+use crate::boxfile::{BackendConfig, Engine};
 use crate::budget::mib;
 use crate::ctx::{Ctx, now_ms};
 use crate::kept::{kept_figures_apply, one_job_agrees};
@@ -37,6 +37,63 @@ pub(crate) struct Measured {
 }
 
 /// Waits until the backend's memory is steady; returns `(level, steady)`. On timeout the
+impl Measured {
+    /// A backend measured at rest only (no warm-up job): steady at `level`, with its `peak`.
+    pub(crate) fn at_rest(level: u64, peak: u64) -> Measured {
+        Measured {
+            idle: level,
+            resident: level,
+            peak,
+            peak_per_audio_second: None,
+            speech_seconds_per_char: None,
+            runs: 0,
+            kept: None,
+            fastest_job: None,
+        }
+    }
+
+    /// The calibration file's figures standing for the warm-up, with the `idle` level read now.
+    pub(crate) fn from_kept(
+        idle: u64,
+        kept: &BackendCalibration,
+        fastest_job: Option<Duration>,
+    ) -> Measured {
+        Measured {
+            idle,
+            resident: kept.resident_bytes,
+            peak: kept.peak_bytes,
+            peak_per_audio_second: kept.peak_per_audio_second_bytes,
+            speech_seconds_per_char: kept.speech_seconds_per_char,
+            runs: kept.warmup_runs,
+            kept: Some(kept.clone()),
+            fastest_job,
+        }
+    }
+
+    /// The figures an audio backend's calibration entry keeps (its date set when saved).
+    pub(crate) fn audio_calibration(&self, engine: Engine) -> BackendCalibration {
+        BackendCalibration {
+            role: "audio".into(),
+            engine: engine.as_str().into(),
+            idle_bytes: Some(self.idle),
+            resident_bytes: self.resident,
+            peak_bytes: self.peak,
+            peak_per_audio_second_bytes: self.peak_per_audio_second,
+            speech_seconds_per_char: self.speech_seconds_per_char,
+            warmup_runs: self.runs,
+            date: String::new(),
+        }
+    }
+}
+
+/// Bytes per second of audio a job needs above `idle`: the warm-up's `peak` above it over the
+/// clip's seconds (none without a clip length).
+pub(crate) fn per_audio_second(peak: u64, idle: u64, audio_seconds: Option<f64>) -> Option<f64> {
+    audio_seconds
+        .filter(|s| *s > 0.0)
+        .map(|secs| peak.saturating_sub(idle) as f64 / secs)
+}
+
 /// latest level is used and `steady` is false (logged as a warning by the caller).
 pub(crate) async fn wait_steady(
     ctx: &Ctx,
@@ -125,16 +182,7 @@ pub(crate) async fn measure_audio(
                 mib(kept.idle_bytes.unwrap_or(idle)),
                 kept.date
             ));
-            Measured {
-                idle,
-                resident: kept.resident_bytes,
-                peak: kept.peak_bytes,
-                peak_per_audio_second: kept.peak_per_audio_second_bytes,
-                speech_seconds_per_char: kept.speech_seconds_per_char,
-                runs: kept.warmup_runs,
-                kept: Some(kept.clone()),
-                fastest_job,
-            }
+            Measured::from_kept(idle, kept, fastest_job)
         }
         (Some(w), None) => {
             let job = warmup::prepare(b, w)?;
@@ -180,10 +228,7 @@ pub(crate) async fn measure_audio(
             }
             let (resident, _) = wait_steady(ctx, b, group).await?;
             let peak = ctx.meter.peak_since(group.pid, t0, resident);
-            let per_second = job
-                .audio_seconds
-                .filter(|s| *s > 0.0)
-                .map(|secs| peak.saturating_sub(idle) as f64 / secs);
+            let per_second = per_audio_second(peak, idle, job.audio_seconds);
             Measured {
                 idle,
                 resident,
@@ -195,19 +240,7 @@ pub(crate) async fn measure_audio(
                 fastest_job: (runs > 0).then_some(fastest),
             }
         }
-        (None, _) => {
-            let peak = ctx.meter.peak_since(group.pid, t0, idle);
-            Measured {
-                idle,
-                resident: idle,
-                peak,
-                peak_per_audio_second: None,
-                speech_seconds_per_char: None,
-                runs: 0,
-                kept: None,
-                fastest_job: None,
-            }
-        }
+        (None, _) => Measured::at_rest(idle, ctx.meter.peak_since(group.pid, t0, idle)),
     };
     ctx.say(&format!(
         "up: [{}] resident {}, peak {}{}",
@@ -268,4 +301,81 @@ pub(crate) async fn one_job(
         mib(after)
     ));
     Ok(Ok((took, after, peak)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use headroom_gpu::calibration::BackendCalibration;
+
+    use super::{Measured, per_audio_second};
+    use crate::boxfile::Engine;
+
+    const MIB: u64 = 1024 * 1024;
+
+    fn kept() -> BackendCalibration {
+        BackendCalibration {
+            role: "audio".into(),
+            engine: "whisper".into(),
+            idle_bytes: Some(300 * MIB),
+            resident_bytes: 320 * MIB,
+            peak_bytes: 700 * MIB,
+            peak_per_audio_second_bytes: Some(1.5e6),
+            speech_seconds_per_char: None,
+            warmup_runs: 3,
+            date: "2026-12-01".into(),
+        }
+    }
+
+    #[test]
+    fn a_jobs_need_per_audio_second_is_its_peak_above_idle_over_the_clip() {
+        // 500 MiB peak, 100 MiB idle, a 4 s clip: 100 MiB per second.
+        assert_eq!(
+            per_audio_second(500 * MIB, 100 * MIB, Some(4.0)),
+            Some(104_857_600.0)
+        );
+        assert_eq!(per_audio_second(500 * MIB, 100 * MIB, Some(0.0)), None);
+        assert_eq!(per_audio_second(500 * MIB, 100 * MIB, None), None);
+        assert_eq!(per_audio_second(90, 100, Some(2.0)), Some(0.0));
+    }
+
+    #[test]
+    fn kept_figures_stand_for_the_warm_up_with_the_idle_level_read_now() {
+        let m = Measured::from_kept(310 * MIB, &kept(), Some(Duration::from_millis(800)));
+        assert_eq!(m.idle, 310 * MIB);
+        assert_eq!(m.resident, 320 * MIB);
+        assert_eq!(m.peak, 700 * MIB);
+        assert_eq!(m.peak_per_audio_second, Some(1.5e6));
+        assert_eq!(m.runs, 3);
+        assert_eq!(m.fastest_job, Some(Duration::from_millis(800)));
+        assert_eq!(m.kept.as_ref().map(|k| k.date.as_str()), Some("2026-12-01"));
+    }
+
+    #[test]
+    fn a_backend_at_rest_is_resident_at_its_level_and_ran_no_job() {
+        let m = Measured::at_rest(200 * MIB, 260 * MIB);
+        assert_eq!(
+            (m.idle, m.resident, m.peak),
+            (200 * MIB, 200 * MIB, 260 * MIB)
+        );
+        assert_eq!((m.runs, m.kept, m.fastest_job), (0, None, None));
+    }
+
+    #[test]
+    fn an_audio_calibration_entry_keeps_what_was_measured() {
+        let m = Measured {
+            speech_seconds_per_char: Some(0.07),
+            runs: 2,
+            ..Measured::at_rest(100 * MIB, 400 * MIB)
+        };
+        let c = m.audio_calibration(Engine::Whisper);
+        assert_eq!(c.role, "audio");
+        assert_eq!(c.engine, "whisper");
+        assert_eq!(c.idle_bytes, Some(100 * MIB));
+        assert_eq!((c.resident_bytes, c.peak_bytes), (100 * MIB, 400 * MIB));
+        assert_eq!(c.speech_seconds_per_char, Some(0.07));
+        assert_eq!(c.warmup_runs, 2);
+        assert_eq!(c.date, "");
+    }
 }
