@@ -2,9 +2,11 @@
 //! budget, flags and start, the audio room check, and the figures kept in the calibration file.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
-use headroom_gpu::calibration::{BackendCalibration, Calibration};
+use headroom_gpu::calibration::{BackendCalibration, Calibration, ContentionFigures};
 use headroom_server::admin_box::BackendState;
 
 use crate::UpError;
@@ -29,10 +31,48 @@ pub(crate) async fn bring_up(
     started: &mut Vec<Started>,
 ) -> Result<Vec<LaneFigures>, UpError> {
     let calibration_path = calibration_file(&ctx.config, &ctx.opts.box_path);
+    let previous = previous_figures(ctx, &calibration_path);
+    let mut calibration = fresh_calibration(ctx, previous.as_ref());
+    let mut audio = AudioLanes::default();
+    for b in ctx.config.audio() {
+        bring_up_audio_lane(
+            ctx,
+            b,
+            previous.as_ref(),
+            started,
+            &mut audio,
+            &mut calibration,
+        )
+        .await?;
+    }
+    let mut lanes = audio.lanes.clone();
+    if let Some(t) = ctx.config.text() {
+        lanes.push(bring_up_text_lane(ctx, t, started, &audio, &mut calibration).await?);
+    }
+    keep_figures(ctx, &mut calibration, &calibration_path);
+    Ok(lanes)
+}
+
+/// What the audio backends brought up so far leave for the next steps.
+#[derive(Default)]
+pub(crate) struct AudioLanes {
+    /// Their lanes' figures, in order.
+    lanes: Vec<LaneFigures>,
+    /// What each holds resident and at its peak.
+    footprints: Vec<AudioFootprint>,
+    /// The fastest warm-up job of each that ran one now: the job alone.
+    alone: BTreeMap<String, Duration>,
+    /// Contention figures kept with the audio figures they were measured with (they stand while
+    /// those do).
+    kept_contention: BTreeMap<String, ContentionFigures>,
+}
+
+/// The calibration file's figures, unless `--recalibrate` or it cannot be read (said).
+fn previous_figures(ctx: &Ctx, calibration_path: &Path) -> Option<Calibration> {
     let previous = if ctx.opts.recalibrate {
         None
     } else {
-        match Calibration::load_if_present(&calibration_path) {
+        match Calibration::load_if_present(calibration_path) {
             Ok(c) => c,
             Err(e) => {
                 ctx.say(&format!("up: ignoring the calibration file: {e}"));
@@ -47,8 +87,14 @@ pub(crate) async fn bring_up(
             calibration_path.display()
         ));
     }
+    previous
+}
+
+/// The figures this start keeps: none measured yet, the learned needs of `previous` that are
+/// still valid.
+fn fresh_calibration(ctx: &Ctx, previous: Option<&Calibration>) -> Calibration {
     let mut calibration = Calibration::new(ctx.meter.kind.as_str(), ctx.meter.capacity);
-    if let Some(p) = &previous {
+    if let Some(p) = previous {
         // Needs learned above the level before each job (older versions) are learned again.
         calibration.learned = p
             .learned
@@ -57,155 +103,159 @@ pub(crate) async fn bring_up(
             .map(|(k, l)| (k.clone(), l.clone()))
             .collect();
     }
-    let mut lanes = Vec::new();
-    let mut footprints = Vec::new();
-    let mut alone = BTreeMap::new();
-    // Contention figures stand while the audio figures they were measured with do.
-    let mut kept_contention = BTreeMap::new();
-    for b in ctx.config.audio() {
-        let saved = previous.as_ref().and_then(|p| {
-            let kept = p.backends.get(&b.name)?;
-            Some((kept, p.versions.get(&b.name).map(String::as_str)))
+    calibration
+}
+
+/// Plans (an audio vLLM), starts and measures one audio backend, then adds its lane, footprint
+/// and figures to `audio` and `calibration`.
+async fn bring_up_audio_lane(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    previous: Option<&Calibration>,
+    started: &mut Vec<Started>,
+    audio: &mut AudioLanes,
+    calibration: &mut Calibration,
+) -> Result<(), UpError> {
+    let saved = previous.and_then(|p| {
+        let kept = p.backends.get(&b.name)?;
+        Some((kept, p.versions.get(&b.name).map(String::as_str)))
+    });
+    // An audio vLLM pre-allocates: its flags are planned from what the pool has left now.
+    let planned = match &b.audio_vllm {
+        Some(_) => Some(audio_vllm_flags(ctx, b, started, &audio.footprints)?),
+        None => None,
+    };
+    let (args, env) = planned
+        .as_ref()
+        .map(|f| (f.args.clone(), f.env.clone()))
+        .unwrap_or_default();
+    let (group, m) = bring_up_audio(ctx, b, saved, &args, &env)
+        .await
+        .map_err(|e| e.0)?;
+    if let Some(f) = &planned {
+        let check = checked_against_plan(ctx, b, f, &group, m.resident, m.peak);
+        ctx.status.update(&b.name, |r| {
+            r.flags = shown_flags(f);
+            r.plan_check = Some(check);
         });
-        // An audio vLLM pre-allocates: its flags are planned from what the pool has left now.
-        let planned = match &b.audio_vllm {
-            Some(_) => Some(audio_vllm_flags(ctx, b, started, &footprints)?),
-            None => None,
-        };
-        let (args, env) = planned
-            .as_ref()
-            .map(|f| (f.args.clone(), f.env.clone()))
-            .unwrap_or_default();
-        let (group, m) = bring_up_audio(ctx, b, saved, &args, &env)
-            .await
-            .map_err(|e| e.0)?;
-        if let Some(f) = &planned {
-            let check = checked_against_plan(ctx, b, f, &group, m.resident, m.peak);
-            ctx.status.update(&b.name, |r| {
-                r.flags = shown_flags(f);
-                r.plan_check = Some(check);
-            });
-        }
-        started.push(Started {
-            backend: b.clone(),
-            group,
-            args,
-            env,
-        });
-        if let Some(fastest) = m.fastest_job {
-            alone.insert(b.name.clone(), fastest);
-        }
-        if let (Some(_), Some(c)) = (
-            &m.kept,
-            previous.as_ref().and_then(|p| p.contention.get(&b.name)),
-        ) {
-            kept_contention.insert(b.name.clone(), c.clone());
-        }
-        lanes.push(LaneFigures {
-            speech_seconds_per_char: m.speech_seconds_per_char,
-            ..LaneFigures::new(
-                &b.name,
-                m.peak.saturating_sub(m.resident),
-                // An audio vLLM runs as many jobs at once as it has whole sequences.
-                planned.as_ref().map_or(1, |f| f.sequences),
-            )
-        });
-        footprints.push(AudioFootprint {
-            name: b.name.clone(),
-            resident_bytes: m.resident,
-            peak_bytes: m.peak,
-        });
-        match &m.kept {
-            // Kept as they are: only figures measured the same way (a warm-up) replace them.
-            Some(kept) => {
-                calibration.backends.insert(b.name.clone(), kept.clone());
-            }
-            None => calibration.set_backend(&b.name, m.audio_calibration(b.engine)),
-        }
-        calibration
-            .versions
-            .insert(b.name.clone(), versions_seen(b));
     }
-    if let Some(t) = ctx.config.text() {
-        let cotenants = ctx
-            .meter
-            .cotenants(started.iter().map(|s| s.group.pid), ctx.started_ms);
-        let budget = Budget::new(
-            ctx.meter.capacity,
-            &footprints,
-            cotenants.max_bytes(),
-            ctx.config.memory.margin,
-        );
-        ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
-        ctx.status.lock().text_budget_bytes = budget.text_bytes;
-        let slots = text_sequences(ctx, t, &lanes);
-        let text_flags = text_flags(ctx, t, &budget, &footprints, slots)?;
-        ctx.say(&format!(
-            "up: [{}] flags: {}",
-            t.name,
-            text_flags.describe()
-        ));
-        let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
-        ctx.status
-            .update(&t.name, |r| r.flags = shown_flags(&text_flags));
-        started.push(Started {
-            backend: t.clone(),
-            group,
-            args: text_flags.args.clone(),
-            env: text_flags.env.clone(),
-        });
-        // The text engine fills its pages as its cache is used: count it at its plan.
-        let text_held = m.resident.max(text_flags.expected.total_bytes);
-        let room = JobRoom::new(
-            ctx.meter.capacity,
-            &footprints,
-            text_held,
-            cotenants.max_bytes(),
-        );
-        check_audio_room(ctx, &room, &lanes, &mut calibration)?;
-        let (gives_way_to, preempt_settle) = text_beside_audio(
-            ctx,
-            t,
-            &text_flags,
-            &alone,
-            &kept_contention,
-            &mut calibration,
+    started.push(Started {
+        backend: b.clone(),
+        group,
+        args,
+        env,
+    });
+    if let Some(fastest) = m.fastest_job {
+        audio.alone.insert(b.name.clone(), fastest);
+    }
+    if let (Some(_), Some(c)) = (&m.kept, previous.and_then(|p| p.contention.get(&b.name))) {
+        audio.kept_contention.insert(b.name.clone(), c.clone());
+    }
+    audio.lanes.push(LaneFigures {
+        speech_seconds_per_char: m.speech_seconds_per_char,
+        ..LaneFigures::new(
+            &b.name,
+            m.peak.saturating_sub(m.resident),
+            // An audio vLLM runs as many jobs at once as it has whole sequences.
+            planned.as_ref().map_or(1, |f| f.sequences),
         )
-        .await;
-        lanes.push(LaneFigures {
-            gives_way_to,
-            preempt_settle,
-            ..LaneFigures::new(&t.name, 0, text_flags.sequences)
-        });
-        calibration.set_backend(
-            &t.name,
-            BackendCalibration {
-                role: "text".into(),
-                engine: t.engine.as_str().into(),
-                idle_bytes: None,
-                resident_bytes: m.resident,
-                peak_bytes: m.peak,
-                peak_per_audio_second_bytes: None,
-                speech_seconds_per_char: None,
-                warmup_runs: 0,
-                date: String::new(),
-            },
-        );
-        calibration
-            .versions
-            .insert(t.name.clone(), versions_seen(t));
+    });
+    audio.footprints.push(AudioFootprint {
+        name: b.name.clone(),
+        resident_bytes: m.resident,
+        peak_bytes: m.peak,
+    });
+    match &m.kept {
+        // Kept as they are: only figures measured the same way (a warm-up) replace them.
+        Some(kept) => {
+            calibration.backends.insert(b.name.clone(), kept.clone());
+        }
+        None => calibration.set_backend(&b.name, m.audio_calibration(b.engine)),
     }
     calibration
         .versions
+        .insert(b.name.clone(), versions_seen(b));
+    Ok(())
+}
+
+/// Gives the text engine what the audio backends and co-tenants leave (its budget and flags),
+/// starts it, checks that every audio lane can still admit a job beside it, measures whether it
+/// slows the audio jobs; returns its lane.
+async fn bring_up_text_lane(
+    ctx: &Arc<Ctx>,
+    t: &BackendConfig,
+    started: &mut Vec<Started>,
+    audio: &AudioLanes,
+    calibration: &mut Calibration,
+) -> Result<LaneFigures, UpError> {
+    let cotenants = ctx
+        .meter
+        .cotenants(started.iter().map(|s| s.group.pid), ctx.started_ms);
+    let budget = Budget::new(
+        ctx.meter.capacity,
+        &audio.footprints,
+        cotenants.max_bytes(),
+        ctx.config.memory.margin,
+    );
+    ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
+    ctx.status.lock().text_budget_bytes = budget.text_bytes;
+    let slots = text_sequences(ctx, t, &audio.lanes);
+    let text_flags = text_flags(ctx, t, &budget, &audio.footprints, slots)?;
+    ctx.say(&format!(
+        "up: [{}] flags: {}",
+        t.name,
+        text_flags.describe()
+    ));
+    let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
+    ctx.status
+        .update(&t.name, |r| r.flags = shown_flags(&text_flags));
+    started.push(Started {
+        backend: t.clone(),
+        group,
+        args: text_flags.args.clone(),
+        env: text_flags.env.clone(),
+    });
+    // The text engine fills its pages as its cache is used: count it at its plan.
+    let text_held = m.resident.max(text_flags.expected.total_bytes);
+    let room = JobRoom::new(
+        ctx.meter.capacity,
+        &audio.footprints,
+        text_held,
+        cotenants.max_bytes(),
+    );
+    check_audio_room(ctx, &room, &audio.lanes, calibration)?;
+    let (gives_way_to, preempt_settle) = text_beside_audio(
+        ctx,
+        t,
+        &text_flags,
+        &audio.alone,
+        &audio.kept_contention,
+        calibration,
+    )
+    .await;
+    calibration.set_backend(&t.name, m.text_calibration(t.engine));
+    calibration
+        .versions
+        .insert(t.name.clone(), versions_seen(t));
+    Ok(LaneFigures {
+        gives_way_to,
+        preempt_settle,
+        ..LaneFigures::new(&t.name, 0, text_flags.sequences)
+    })
+}
+
+/// Keeps this start's figures in the calibration file (said; a failure is a warning).
+fn keep_figures(ctx: &Ctx, calibration: &mut Calibration, calibration_path: &Path) {
+    calibration
+        .versions
         .insert("headroom".into(), env!("CARGO_PKG_VERSION").into());
-    match calibration.save(&calibration_path) {
+    match calibration.save(calibration_path) {
         Ok(()) => ctx.say(&format!(
             "up: figures kept in {}",
             calibration_path.display()
         )),
         Err(e) => ctx.say(&format!("up: warning: could not keep the figures: {e}")),
     }
-    Ok(lanes)
 }
 
 /// Refuses a box in which an audio lane could never admit a job: its need (learned, where a

@@ -70,6 +70,21 @@ impl Measured {
         }
     }
 
+    /// The figures a text engine's calibration entry keeps (its date set when saved).
+    pub(crate) fn text_calibration(&self, engine: Engine) -> BackendCalibration {
+        BackendCalibration {
+            role: "text".into(),
+            engine: engine.as_str().into(),
+            idle_bytes: None,
+            resident_bytes: self.resident,
+            peak_bytes: self.peak,
+            peak_per_audio_second_bytes: None,
+            speech_seconds_per_char: None,
+            warmup_runs: 0,
+            date: String::new(),
+        }
+    }
+
     /// The figures an audio backend's calibration entry keeps (its date set when saved).
     pub(crate) fn audio_calibration(&self, engine: Engine) -> BackendCalibration {
         BackendCalibration {
@@ -377,5 +392,15 @@ mod tests {
         assert_eq!(c.speech_seconds_per_char, Some(0.07));
         assert_eq!(c.warmup_runs, 2);
         assert_eq!(c.date, "");
+    }
+
+    #[test]
+    fn a_text_calibration_entry_keeps_its_levels_and_no_audio_figures() {
+        let c = Measured::at_rest(3000 * MIB, 3100 * MIB).text_calibration(Engine::LlamaCpp);
+        assert_eq!((c.role.as_str(), c.engine.as_str()), ("text", "llamacpp"));
+        assert_eq!(c.idle_bytes, None);
+        assert_eq!((c.resident_bytes, c.peak_bytes), (3000 * MIB, 3100 * MIB));
+        assert_eq!(c.peak_per_audio_second_bytes, None);
+        assert_eq!(c.warmup_runs, 0);
     }
 }
