@@ -7,6 +7,8 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
+use headroom_gpu::GpuProbe;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -47,65 +49,12 @@ where
     result
 }
 
-pub(crate) async fn run_inner(
+async fn run_inner(
     config: BoxConfig,
     opts: UpOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<(), UpError> {
-    crate::checks::before_start(&config, &opts.box_path)?;
-    preflight(&config)?;
-    let listener = tokio::net::TcpListener::bind(config.serve.listen)
-        .await
-        .map_err(|e| UpError::PortTaken {
-            backend: "serve".into(),
-            port: config.serve.listen.port(),
-            reason: e.to_string(),
-        })?;
-    let enforced = enforce_capacity(&config, &opts)?;
-    let (meter, probe) = open_meter(&config, enforced.as_ref())?;
-    let logs = LogDir::create(opts.log_dir.as_deref(), opts.keep_logs)?;
-    let mut report = initial_report(&config, meter.capacity);
-    report.enforce = enforced.as_ref().and_then(BoxCgroup::report);
-    let status = Arc::new(BoxStatus {
-        report: Mutex::new(report),
-    });
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .map_err(|e| UpError::Serve(e.into()))?;
-    let ctx = Arc::new(Ctx {
-        config,
-        opts,
-        meter,
-        status,
-        client,
-        logs,
-        started_ms: now_ms(),
-        enforced,
-    });
-    ctx.say(&format!(
-        "up: memory pool {} ({}), capacity {}, margin {}, sampling every {} ms; backend logs in {}",
-        ctx.meter.kind.as_str(),
-        if let Some(c) = &ctx.enforced {
-            format!(
-                "enforced: every backend in the memory cgroup {} ({}), hard limit = capacity; the pool's use is its working set",
-                c.dir().display(),
-                c.cgroup().version().as_str()
-            )
-        } else if ctx.meter.kind == ProbeKind::Host {
-            "process-tree PSS from /proc".to_string()
-        } else {
-            format!("GPU {}", ctx.meter.device)
-        },
-        mib(ctx.meter.capacity),
-        mib(ctx.config.memory.margin),
-        ctx.config.memory.sample_interval.as_millis(),
-        ctx.logs.path().display()
-    ));
-
-    if let Some(w) = process::death_tie().warning() {
-        ctx.say(&format!("up: warning: {w}"));
-    }
+    let (ctx, listener, probe) = open_box(config, opts).await?;
 
     // Start-up: every group started is held here until a keeper takes it, so an error or a
     // stop request drops (and so kills) them all.
@@ -157,14 +106,7 @@ pub(crate) async fn run_inner(
         }
     };
 
-    // Keepers: one per backend, restarting it when it exits, stopping it when told.
-    let mut keepers: Vec<(String, watch::Sender<bool>, JoinHandle<()>)> = Vec::new();
-    for s in started.drain(..) {
-        let (tx, rx) = watch::channel(false);
-        let name = s.backend.name.clone();
-        let handle = tokio::spawn(keep(Arc::clone(&ctx), s, rx));
-        keepers.push((name, tx, handle));
-    }
+    let keepers = spawn_keepers(&ctx, started.drain(..));
     let monitor = tokio::spawn(monitor(Arc::clone(&ctx)));
 
     let addr = listener
@@ -181,12 +123,112 @@ pub(crate) async fn run_inner(
         .await;
     ctx.say("up: gateway stopped; stopping the text engine, then the audio backends");
     monitor.abort();
-    // Text engine first (it is last in the list), then the audio backends in reverse order.
+    stop_keepers(&ctx, keepers).await;
+    remove_cgroup(&ctx);
+    let served = served.map_err(|e| UpError::Serve(e.into()));
+    if served.is_ok() {
+        ctx.finish_logs();
+    }
+    served
+}
+
+/// Checks what can be checked before anything starts, binds the gateway's port, creates the
+/// box's cgroup (`[memory] enforce`), opens the meter, the log folder and the report, and says
+/// how the pool is read: what every later step shares, the listener and the gateway's probe.
+async fn open_box(
+    config: BoxConfig,
+    opts: UpOptions,
+) -> Result<(Arc<Ctx>, TcpListener, Arc<dyn GpuProbe>), UpError> {
+    crate::checks::before_start(&config, &opts.box_path)?;
+    preflight(&config)?;
+    let listener = tokio::net::TcpListener::bind(config.serve.listen)
+        .await
+        .map_err(|e| UpError::PortTaken {
+            backend: "serve".into(),
+            port: config.serve.listen.port(),
+            reason: e.to_string(),
+        })?;
+    let enforced = enforce_capacity(&config, &opts)?;
+    let (meter, probe) = open_meter(&config, enforced.as_ref())?;
+    let logs = LogDir::create(opts.log_dir.as_deref(), opts.keep_logs)?;
+    let mut report = initial_report(&config, meter.capacity);
+    report.enforce = enforced.as_ref().and_then(BoxCgroup::report);
+    let status = Arc::new(BoxStatus {
+        report: Mutex::new(report),
+    });
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .map_err(|e| UpError::Serve(e.into()))?;
+    let ctx = Arc::new(Ctx {
+        config,
+        opts,
+        meter,
+        status,
+        client,
+        logs,
+        started_ms: now_ms(),
+        enforced,
+    });
+    say_pool(&ctx);
+    if let Some(w) = process::death_tie().warning() {
+        ctx.say(&format!("up: warning: {w}"));
+    }
+    Ok((ctx, listener, probe))
+}
+
+/// The first line `up` says: how the pool is read, its capacity and margin, the sampling
+/// interval and where the backend logs go.
+fn say_pool(ctx: &Ctx) {
+    ctx.say(&format!(
+        "up: memory pool {} ({}), capacity {}, margin {}, sampling every {} ms; backend logs in {}",
+        ctx.meter.kind.as_str(),
+        if let Some(c) = &ctx.enforced {
+            format!(
+                "enforced: every backend in the memory cgroup {} ({}), hard limit = capacity; the pool's use is its working set",
+                c.dir().display(),
+                c.cgroup().version().as_str()
+            )
+        } else if ctx.meter.kind == ProbeKind::Host {
+            "process-tree PSS from /proc".to_string()
+        } else {
+            format!("GPU {}", ctx.meter.device)
+        },
+        mib(ctx.meter.capacity),
+        mib(ctx.config.memory.margin),
+        ctx.config.memory.sample_interval.as_millis(),
+        ctx.logs.path().display()
+    ));
+}
+
+/// Keepers: one per backend, restarting it when it exits, stopping it when told; each with its
+/// name and stop flag.
+fn spawn_keepers(
+    ctx: &Arc<Ctx>,
+    started: impl Iterator<Item = Started>,
+) -> Vec<(String, watch::Sender<bool>, JoinHandle<()>)> {
+    let mut keepers = Vec::new();
+    for s in started {
+        let (tx, rx) = watch::channel(false);
+        let name = s.backend.name.clone();
+        let handle = tokio::spawn(keep(Arc::clone(ctx), s, rx));
+        keepers.push((name, tx, handle));
+    }
+    keepers
+}
+
+/// Stops the backends through their keepers, the text engine first (it is last in the list),
+/// then the audio backends in reverse order.
+async fn stop_keepers(ctx: &Ctx, keepers: Vec<(String, watch::Sender<bool>, JoinHandle<()>)>) {
     for (name, tx, handle) in keepers.into_iter().rev() {
         let _ = tx.send(true);
         let _ = handle.await;
         ctx.say(&format!("up: [{name}] stopped"));
     }
+}
+
+/// Removes the box's memory cgroup (`[memory] enforce`), killing what is still inside (said).
+fn remove_cgroup(ctx: &Ctx) {
     if let Some(c) = &ctx.enforced {
         match c.remove() {
             Ok(killed) if killed.is_empty() => {
@@ -202,9 +244,4 @@ pub(crate) async fn run_inner(
             )),
         }
     }
-    let served = served.map_err(|e| UpError::Serve(e.into()));
-    if served.is_ok() {
-        ctx.finish_logs();
-    }
-    served
 }
