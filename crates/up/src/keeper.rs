@@ -18,7 +18,7 @@ pub(crate) const STAYED_UP: Duration = Duration::from_secs(60);
 
 /// Lives in a row that ended early (a restart that never got healthy, or an exit within
 /// [`STAYED_UP`]) that make a crash loop.
-pub const CRASH_LOOP_AFTER: u32 = 3;
+pub(crate) const CRASH_LOOP_AFTER: u32 = 3;
 
 /// The restart schedule of one backend: the wait before the next try (from `restart_backoff`,
 /// doubled after each wait up to `restart_backoff_max`, back to the first after a life longer

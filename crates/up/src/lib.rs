@@ -11,23 +11,23 @@
 //! from `headroom-inspect`, log reading from `headroom-doctor`, memory readings from
 //! `headroom-gpu` (NVML or the host pool), the gateway from `headroom-server`.
 
-pub mod audio_vllm;
+mod audio_vllm;
 mod beside;
 pub mod boxfile;
 mod bringup;
-pub mod budget;
+mod budget;
 pub mod cgroup;
 pub mod checks;
-pub mod contention;
+mod contention;
 mod ctx;
 mod error;
 pub mod example;
 pub mod flags;
 mod keeper;
-pub mod kept;
-pub mod lanes;
+mod kept;
+mod lanes;
 mod launch;
-pub mod logs;
+mod logs;
 mod measure;
 mod meter;
 mod monitor;
@@ -38,7 +38,7 @@ mod plan_flags;
 mod preflight;
 pub mod process;
 mod report;
-pub mod steady;
+mod steady;
 pub mod supervisor;
 mod versions;
 pub mod warmup;

@@ -11,7 +11,7 @@ use crate::ctx::Ctx;
 
 /// Whether `now` is past the measured `peak` by more than `margin` (a fraction of the peak).
 /// A backend never measured (peak 0) never drifts.
-pub fn drifted(now: u64, peak: u64, margin: f64) -> bool {
+pub(crate) fn drifted(now: u64, peak: u64, margin: f64) -> bool {
     peak > 0 && now as f64 > peak as f64 * (1.0 + margin)
 }
 

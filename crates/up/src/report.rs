@@ -9,7 +9,7 @@ use crate::boxfile::BoxConfig;
 use crate::flags::TextFlags;
 
 /// The box's state as `/admin/box` shows it.
-pub struct BoxStatus {
+pub(crate) struct BoxStatus {
     pub(crate) report: Mutex<BoxReport>,
 }
 
