@@ -8,7 +8,7 @@ use headroom_gpu::calibration::BackendCalibration;
 use headroom_server::admin_box::BackendState;
 
 use crate::UpError;
-use crate::boxfile::{BackendConfig, Engine};
+use crate::boxfile::{BackendConfig, Engine, Warmup};
 use crate::budget::mib;
 use crate::ctx::{Ctx, now_ms};
 use crate::kept::{kept_figures_apply, one_job_agrees};
@@ -160,102 +160,22 @@ pub(crate) async fn measure_audio(
     let t0 = now_ms();
     let (idle, _) = wait_steady(ctx, b, group).await?;
     ctx.say(&format!("up: [{}] steady at {} idle", b.name, mib(idle)));
-    // Kept figures stand for a warm-up only while they describe the backend as it starts now
-    // and as it runs one job.
-    let mut fastest_job = None;
-    let kept = match (&b.warmup, saved) {
-        (Some(w), Some((kept, kept_version))) => {
-            let agrees = match kept_figures_apply(kept, kept_version, &versions_seen(b), idle) {
-                Ok(()) => one_job(ctx, b, group, w)
-                    .await?
-                    .and_then(|(took, after, peak)| {
-                        fastest_job = Some(took);
-                        one_job_agrees(kept, after, peak)
-                    }),
-                Err(why) => Err(why),
-            };
-            match agrees {
-                Ok(()) => Some(kept),
-                Err(why) => {
-                    ctx.say(&format!(
-                        "up: [{}] measuring again (the calibration file's figures are not used): {why}",
-                        b.name
-                    ));
-                    None
-                }
-            }
-        }
-        _ => None,
-    };
-    let measured = match (&b.warmup, kept) {
-        (Some(_), Some(kept)) => {
-            ctx.say(&format!(
-                "up: [{}] warm-up skipped: peak {}, {} between jobs, {} before the first job, measured {} (the calibration file; --recalibrate measures again)",
-                b.name,
-                mib(kept.peak_bytes),
-                mib(kept.resident_bytes),
-                mib(kept.idle_bytes.unwrap_or(idle)),
-                kept.date
-            ));
-            Measured::from_kept(idle, kept, fastest_job)
-        }
-        (Some(w), None) => {
-            let job = warmup::prepare(b, w)?;
-            let begin = now_ms();
-            let mut runs = 0;
-            let mut fastest = Duration::MAX;
-            let mut speech_rate = None;
-            for i in 1..=w.runs {
-                let answer =
-                    warmup::run(&ctx.client, &job)
-                        .await
-                        .map_err(|e| UpError::Backend {
-                            backend: b.name.clone(),
-                            what: format!(
-                                "failed its warm-up job {i}/{} ({}): {e}",
-                                w.runs, job.url
-                            ),
-                        })?;
-                runs += 1;
-                fastest = fastest.min(answer.took);
-                let rate = job
-                    .speech
-                    .zip(answer.audio_seconds)
-                    .and_then(|(input, secs)| input.seconds_per_char(secs));
-                speech_rate = rate.or(speech_rate);
-                let peak = ctx.meter.peak_since(group.pid, begin, 0);
+    let measured = match &b.warmup {
+        None => Measured::at_rest(idle, ctx.meter.peak_since(group.pid, t0, idle)),
+        Some(w) => match kept_after_one_job(ctx, b, group, w, saved, idle).await? {
+            (Some(kept), fastest_job) => {
                 ctx.say(&format!(
-                    "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
+                    "up: [{}] warm-up skipped: peak {}, {} between jobs, {} before the first job, measured {} (the calibration file; --recalibrate measures again)",
                     b.name,
-                    w.runs,
-                    warmup_audio(&job, answer.audio_seconds, rate),
-                    answer.took.as_secs_f64(),
-                    mib(peak)
+                    mib(kept.peak_bytes),
+                    mib(kept.resident_bytes),
+                    mib(kept.idle_bytes.unwrap_or(idle)),
+                    kept.date
                 ));
+                Measured::from_kept(idle, kept, fastest_job)
             }
-            if let (Some(input), None) = (job.speech, speech_rate) {
-                ctx.say(&format!(
-                    "up: [{}] the speech warm-up ({} characters) answered with no audio of a readable length: the speech lane estimates {} s per character (serve's default)",
-                    b.name,
-                    input.chars,
-                    headroom_server::config::DEFAULT_SPEECH_SECONDS_PER_CHAR
-                ));
-            }
-            let (resident, _) = wait_steady(ctx, b, group).await?;
-            let peak = ctx.meter.peak_since(group.pid, t0, resident);
-            let per_second = per_audio_second(peak, idle, job.audio_seconds);
-            Measured {
-                idle,
-                resident,
-                peak,
-                peak_per_audio_second: per_second,
-                speech_seconds_per_char: speech_rate,
-                runs,
-                kept: None,
-                fastest_job: (runs > 0).then_some(fastest),
-            }
-        }
-        (None, _) => Measured::at_rest(idle, ctx.meter.peak_since(group.pid, t0, idle)),
+            (None, _) => warm_up(ctx, b, group, w, idle, t0).await?,
+        },
     };
     ctx.say(&format!(
         "up: [{}] resident {}, peak {}{}",
@@ -274,6 +194,105 @@ pub(crate) async fn measure_audio(
         r.state = BackendState::Ready;
     });
     Ok(measured)
+}
+
+/// Whether the calibration file's figures (`saved`, with the packages they were measured with)
+/// still stand for the warm-up of `b`, steady at `idle` now: they do while they describe the
+/// backend as it starts now and as it runs one job (run here). Returns them where they stand,
+/// and the time that one job took.
+async fn kept_after_one_job<'a>(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    w: &Warmup,
+    saved: Option<(&'a BackendCalibration, Option<&str>)>,
+    idle: u64,
+) -> Result<(Option<&'a BackendCalibration>, Option<Duration>), UpError> {
+    let Some((kept, kept_version)) = saved else {
+        return Ok((None, None));
+    };
+    let mut fastest_job = None;
+    let agrees = match kept_figures_apply(kept, kept_version, &versions_seen(b), idle) {
+        Ok(()) => one_job(ctx, b, group, w)
+            .await?
+            .and_then(|(took, after, peak)| {
+                fastest_job = Some(took);
+                one_job_agrees(kept, after, peak)
+            }),
+        Err(why) => Err(why),
+    };
+    match agrees {
+        Ok(()) => Ok((Some(kept), fastest_job)),
+        Err(why) => {
+            ctx.say(&format!(
+                "up: [{}] measuring again (the calibration file's figures are not used): {why}",
+                b.name
+            ));
+            Ok((None, fastest_job))
+        }
+    }
+}
+
+/// Runs `b`'s warm-up job `w.runs` times (each said with the peak so far), waits for its level
+/// between jobs and measures its peak since `t0` (before its idle level `idle` was read).
+async fn warm_up(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    group: &mut Group,
+    w: &Warmup,
+    idle: u64,
+    t0: u64,
+) -> Result<Measured, UpError> {
+    let job = warmup::prepare(b, w)?;
+    let begin = now_ms();
+    let mut runs = 0;
+    let mut fastest = Duration::MAX;
+    let mut speech_rate = None;
+    for i in 1..=w.runs {
+        let answer = warmup::run(&ctx.client, &job)
+            .await
+            .map_err(|e| UpError::Backend {
+                backend: b.name.clone(),
+                what: format!("failed its warm-up job {i}/{} ({}): {e}", w.runs, job.url),
+            })?;
+        runs += 1;
+        fastest = fastest.min(answer.took);
+        let rate = job
+            .speech
+            .zip(answer.audio_seconds)
+            .and_then(|(input, secs)| input.seconds_per_char(secs));
+        speech_rate = rate.or(speech_rate);
+        let peak = ctx.meter.peak_since(group.pid, begin, 0);
+        ctx.say(&format!(
+            "up: [{}] warm-up {i}/{}: {}done in {:.2} s, peak so far {}",
+            b.name,
+            w.runs,
+            warmup_audio(&job, answer.audio_seconds, rate),
+            answer.took.as_secs_f64(),
+            mib(peak)
+        ));
+    }
+    if let (Some(input), None) = (job.speech, speech_rate) {
+        ctx.say(&format!(
+            "up: [{}] the speech warm-up ({} characters) answered with no audio of a readable length: the speech lane estimates {} s per character (serve's default)",
+            b.name,
+            input.chars,
+            headroom_server::config::DEFAULT_SPEECH_SECONDS_PER_CHAR
+        ));
+    }
+    let (resident, _) = wait_steady(ctx, b, group).await?;
+    let peak = ctx.meter.peak_since(group.pid, t0, resident);
+    let per_second = per_audio_second(peak, idle, job.audio_seconds);
+    Ok(Measured {
+        idle,
+        resident,
+        peak,
+        peak_per_audio_second: per_second,
+        speech_seconds_per_char: speech_rate,
+        runs,
+        kept: None,
+        fastest_job: (runs > 0).then_some(fastest),
+    })
 }
 
 /// What a warm-up job's log line says of its audio: the clip's length, or the speech it made and
@@ -324,8 +343,9 @@ mod tests {
 
     use headroom_gpu::calibration::BackendCalibration;
 
-    use super::{Measured, per_audio_second};
+    use super::{Measured, per_audio_second, warmup_audio};
     use crate::boxfile::Engine;
+    use crate::warmup::{Job, SpeechInput};
 
     const MIB: u64 = 1024 * 1024;
 
@@ -402,5 +422,31 @@ mod tests {
         assert_eq!((c.resident_bytes, c.peak_bytes), (3000 * MIB, 3100 * MIB));
         assert_eq!(c.peak_per_audio_second_bytes, None);
         assert_eq!(c.warmup_runs, 0);
+    }
+
+    #[test]
+    fn a_warm_up_line_says_the_clip_or_the_speech_made() {
+        let job = |speech: Option<SpeechInput>, audio_seconds: Option<f64>| Job {
+            url: "http://127.0.0.1:1/v1".into(),
+            body: Default::default(),
+            content_type: "application/json".into(),
+            audio_seconds,
+            speech,
+            timeout: Duration::from_secs(1),
+        };
+        let speech = Some(SpeechInput {
+            chars: 100,
+            speed: 1.0,
+        });
+        assert_eq!(
+            warmup_audio(&job(speech, None), Some(6.5), Some(0.065)),
+            "100 characters to 6.5 s of speech (0.0650 s per character), "
+        );
+        assert_eq!(warmup_audio(&job(speech, None), None, None), "");
+        assert_eq!(
+            warmup_audio(&job(None, Some(3.0)), None, None),
+            "3.0 s of audio "
+        );
+        assert_eq!(warmup_audio(&job(None, None), None, None), "");
     }
 }
