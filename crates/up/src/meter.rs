@@ -104,50 +104,12 @@ pub(crate) fn open_meter(
     enforced: Option<&BoxCgroup>,
 ) -> Result<(Meter, Arc<dyn GpuProbe>), UpError> {
     let m = &config.memory;
-    let (probe, pool, capacity, device_total): (Arc<dyn GpuProbe>, Option<HostPool>, u64, u64) =
-        match m.probe {
-            ProbeKind::Host => {
-                let capacity = match m.capacity {
-                    Some(c) => c,
-                    None => headroom_gpu::host::host_mem_total()
-                        .map_err(|e| UpError::Probe(ProbeFailure::MemInfo(e)))?,
-                };
-                let pool = HostPool::new(capacity);
-                // The meter's sampler and serve's memory feed both poll the pool every
-                // sample_interval: within half of it they share one reading of /proc.
-                pool.share_readings_within(m.sample_interval / 2);
-                // Co-tenants: the processes listening on the watched upstreams, with their trees.
-                let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
-                for url in m.watch.iter().filter(|u| !ours.contains(u)) {
-                    if let Ok(pid) = headroom_gpu::url_listener(url) {
-                        pool.set_member(url, pid);
-                    }
-                }
-                // Enforced: the pool's use is the cgroup's charge, one read per sample.
-                let probe: Arc<dyn GpuProbe> = match enforced {
-                    Some(c) => Arc::new(EnforcedPool::new(pool.clone(), c.cgroup().clone())),
-                    None => Arc::new(pool.clone()),
-                };
-                (probe, Some(pool), capacity, capacity)
-            }
-            ProbeKind::Nvml => {
-                let nvml = NvmlProbe::new().map_err(ProbeFailure::from)?;
-                let devices = nvml.snapshot().map_err(ProbeFailure::from)?;
-                let device = devices
-                    .iter()
-                    .find(|d| d.index == m.device)
-                    .ok_or(ProbeFailure::Probe(ProbeError::NoSuchDevice(m.device)))?;
-                let total = device.total_bytes.saturating_sub(device.reserved_bytes);
-                (
-                    Arc::new(nvml),
-                    None,
-                    m.capacity.unwrap_or(total).min(total),
-                    total,
-                )
-            }
-        };
+    let opened = match m.probe {
+        ProbeKind::Host => open_host_pool(config, enforced)?,
+        ProbeKind::Nvml => open_nvml(config)?,
+    };
     let sampler = Sampler::start(
-        Arc::clone(&probe),
+        Arc::clone(&opened.probe),
         SamplerConfig::new(config.memory.sample_interval).with_ring_capacity(16_384),
     )
     .map_err(ProbeFailure::from)?;
@@ -155,13 +117,76 @@ pub(crate) fn open_meter(
         Meter {
             kind: m.probe,
             device: m.device,
-            capacity,
-            device_total,
-            pool,
+            capacity: opened.capacity,
+            device_total: opened.device_total,
+            pool: opened.pool,
             sampler,
         },
-        probe,
+        opened.probe,
     ))
+}
+
+/// A probe opened on the pool, before its sampler starts.
+struct OpenedPool {
+    probe: Arc<dyn GpuProbe>,
+    /// The host pool (its members named by upstream URL); none on a GPU.
+    pool: Option<HostPool>,
+    capacity: u64,
+    device_total: u64,
+}
+
+/// The host pool: `[memory] capacity` (else the host's memory), its watched co-tenants as
+/// members, read through the box's cgroup where `[memory] enforce` made one.
+fn open_host_pool(
+    config: &BoxConfig,
+    enforced: Option<&BoxCgroup>,
+) -> Result<OpenedPool, ProbeFailure> {
+    let m = &config.memory;
+    let capacity = match m.capacity {
+        Some(c) => c,
+        None => headroom_gpu::host::host_mem_total().map_err(ProbeFailure::MemInfo)?,
+    };
+    let pool = HostPool::new(capacity);
+    // The meter's sampler and serve's memory feed both poll the pool every
+    // sample_interval: within half of it they share one reading of /proc.
+    pool.share_readings_within(m.sample_interval / 2);
+    // Co-tenants: the processes listening on the watched upstreams, with their trees.
+    let ours: Vec<String> = config.backends.iter().map(|b| b.upstream()).collect();
+    for url in m.watch.iter().filter(|u| !ours.contains(u)) {
+        if let Ok(pid) = headroom_gpu::url_listener(url) {
+            pool.set_member(url, pid);
+        }
+    }
+    // Enforced: the pool's use is the cgroup's charge, one read per sample.
+    let probe: Arc<dyn GpuProbe> = match enforced {
+        Some(c) => Arc::new(EnforcedPool::new(pool.clone(), c.cgroup().clone())),
+        None => Arc::new(pool.clone()),
+    };
+    Ok(OpenedPool {
+        probe,
+        pool: Some(pool),
+        capacity,
+        device_total: capacity,
+    })
+}
+
+/// The GPU `[memory] device` through NVML: its capacity `[memory] capacity` within the card as
+/// vLLM sees it (total less reserved).
+fn open_nvml(config: &BoxConfig) -> Result<OpenedPool, ProbeFailure> {
+    let m = &config.memory;
+    let nvml = NvmlProbe::new()?;
+    let devices = nvml.snapshot()?;
+    let device = devices
+        .iter()
+        .find(|d| d.index == m.device)
+        .ok_or(ProbeError::NoSuchDevice(m.device))?;
+    let total = device.total_bytes.saturating_sub(device.reserved_bytes);
+    Ok(OpenedPool {
+        probe: Arc::new(nvml),
+        pool: None,
+        capacity: m.capacity.unwrap_or(total).min(total),
+        device_total: total,
+    })
 }
 
 /// The highest reading of a `(ts_ms, bytes)` series, never below `floor`: the peak of a backend
