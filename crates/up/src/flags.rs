@@ -216,7 +216,7 @@ pub fn llamacpp_flags(
 /// vLLM's start-up free-memory check by construction; the KV pool is pinned with
 /// `--kv-cache-memory`. `device_total` is the card as vLLM sees it: its utilization is a fraction
 /// of the whole card, so a pool `capacity` below the card counts the rest as held by others.
-pub fn vllm_gpu_flags(
+pub(crate) fn vllm_gpu_flags(
     spec: &ModelSpec,
     text: &TextPlan,
     budget: &Budget,
@@ -282,7 +282,7 @@ pub fn vllm_gpu_flags(
 
 /// vLLM on the CPU: its KV pool is `VLLM_CPU_KVCACHE_SPACE` whole GiB, taken from what the
 /// budget leaves after the weights and the runtime (`overhead`: torch and its worker processes).
-pub fn vllm_cpu_flags(
+pub(crate) fn vllm_cpu_flags(
     spec: &ModelSpec,
     text: &TextPlan,
     budget_bytes: u64,
