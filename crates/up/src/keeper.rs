@@ -78,6 +78,18 @@ impl Restarts {
     }
 }
 
+/// How a running backend ended, as the restart line says it: an OOM kill names the cgroup's
+/// limit (`capacity`).
+pub(crate) fn how_it_exited(exit: &Exit, capacity: u64) -> String {
+    match exit {
+        Exit::OomKilled => format!(
+            "was killed by the kernel's OOM killer: the box's memory cgroup reached its limit of {}",
+            mib(capacity)
+        ),
+        Exit::Other(_) => exit.reason(),
+    }
+}
+
 /// Restarting, or a crash loop once [`CRASH_LOOP_AFTER`] lives in a row ended early.
 fn down_state(early_in_a_row: u32) -> BackendState {
     if early_in_a_row >= CRASH_LOOP_AFTER {
@@ -119,13 +131,7 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
         ctx.say(&format!(
             "up: [{}] {}; restarting in {:.1} s",
             b.name,
-            match &exit {
-                Exit::OomKilled => format!(
-                    "was killed by the kernel's OOM killer: the box's memory cgroup reached its limit of {}",
-                    mib(ctx.meter.capacity)
-                ),
-                Exit::Other(_) => exit.reason(),
-            },
+            how_it_exited(&exit, ctx.meter.capacity),
             restarts.wait().as_secs_f64()
         ));
         let retry_ms = restarts.retry_after_ms();
@@ -205,7 +211,8 @@ mod tests {
 
     use headroom_server::admin_box::BackendState;
 
-    use super::{Restarts, one_line};
+    use super::{Restarts, how_it_exited, one_line};
+    use crate::cgroup::Exit;
 
     const S: Duration = Duration::from_secs(1);
 
@@ -244,6 +251,18 @@ mod tests {
         assert_eq!(
             one_line("exited (code 1);\n  Traceback:\n\tKeyError "),
             "exited (code 1); Traceback: KeyError"
+        );
+    }
+
+    #[test]
+    fn an_oom_kill_names_the_cgroups_limit_and_any_other_exit_its_status() {
+        assert_eq!(
+            how_it_exited(&Exit::OomKilled, 3 * 1024 * 1024 * 1024),
+            "was killed by the kernel's OOM killer: the box's memory cgroup reached its limit of 3072.0 MiB"
+        );
+        assert_eq!(
+            how_it_exited(&Exit::Other("exited (exit status: 1)".into()), 1),
+            "exited (exit status: 1)"
         );
     }
 }
