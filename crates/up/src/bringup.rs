@@ -284,15 +284,7 @@ pub(crate) fn check_audio_room(
             calibration.learned.remove(&f.backend);
         }
         if !room.admits(f.per_job_bytes, margin) {
-            return Err(UpError::DoesNotFit(format!(
-                "backend `{}`: its lane could never admit a job: a job needs {} and the margin {}, and at most {} can ever be free for it ({}); options: raise [memory] capacity by {}, lower [memory] margin, a smaller text `max_parallel` or `context`",
-                f.backend,
-                mib(f.per_job_bytes),
-                mib(margin),
-                mib(room.room_bytes),
-                room.describe(),
-                mib((f.per_job_bytes + margin).saturating_sub(room.room_bytes))
-            )));
+            return Err(never_admits(f, room, margin));
         }
         ctx.say(&format!(
             "up: [{}] a job needs {} + margin {}; the most an audio job can find free: {}",
@@ -303,6 +295,20 @@ pub(crate) fn check_audio_room(
         ));
     }
     Ok(())
+}
+
+/// Why a box whose audio lane `f` could never admit a job does not fit: its need and the
+/// `margin` above the most the pool can ever have free for it, and what would make room.
+pub(crate) fn never_admits(f: &LaneFigures, room: &JobRoom, margin: u64) -> UpError {
+    UpError::DoesNotFit(format!(
+        "backend `{}`: its lane could never admit a job: a job needs {} and the margin {}, and at most {} can ever be free for it ({}); options: raise [memory] capacity by {}, lower [memory] margin, a smaller text `max_parallel` or `context`",
+        f.backend,
+        mib(f.per_job_bytes),
+        mib(margin),
+        mib(room.room_bytes),
+        room.describe(),
+        mib((f.per_job_bytes + margin).saturating_sub(room.room_bytes))
+    ))
 }
 
 /// An audio backend's start-up failure, with its group (already stopped) out of the way.
@@ -353,4 +359,34 @@ pub(crate) async fn bring_up_text(
         r.state = BackendState::Ready;
     });
     Ok((group, Measured::at_rest(resident, peak)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::never_admits;
+    use crate::budget::{AudioFootprint, JobRoom};
+    use crate::lanes::LaneFigures;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn a_lane_that_could_never_admit_a_job_says_by_how_much_the_box_is_short() {
+        let audio = [AudioFootprint {
+            name: "stt".into(),
+            resident_bytes: 1024 * MIB,
+            peak_bytes: 1600 * MIB,
+        }];
+        // 4096 − 1024 − 2048 − 512 = 512 MiB at most free for a job.
+        let room = JobRoom::new(4096 * MIB, &audio, 2048 * MIB, 512 * MIB);
+        let e = never_admits(&LaneFigures::new("stt", 600 * MIB, 1), &room, 64 * MIB);
+        assert_eq!(e.exit_code(), 3);
+        assert_eq!(
+            e.to_string(),
+            "backend `stt`: its lane could never admit a job: a job needs 600.0 MiB and the margin 64.0 MiB, \
+             and at most 512.0 MiB can ever be free for it (capacity 4096.0 MiB − audio between jobs \
+             1024.0 MiB − text engine 2048.0 MiB − co-tenants 512.0 MiB = 512.0 MiB); options: raise \
+             [memory] capacity by 152.0 MiB, lower [memory] margin, a smaller text `max_parallel` or \
+             `context`"
+        );
+    }
 }
