@@ -7,10 +7,13 @@ use std::time::{Duration, Instant};
 use headroom_server::admin_box::BackendState;
 use tokio::sync::watch;
 
+use crate::UpError;
+use crate::boxfile::BackendConfig;
 use crate::budget::mib;
 use crate::cgroup::{Exit, exit_reason};
 use crate::ctx::{Ctx, stopped};
 use crate::launch::{Started, start};
+use crate::process::Group;
 
 /// A life of a backend shorter than this (from healthy to exit) counts as ended early, and a
 /// longer one restarts the backoff from `restart_backoff`.
@@ -123,70 +126,12 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
                 return;
             }
         };
-        let down = restarts.exited(healthy_since.elapsed());
-        let exit = match &ctx.enforced {
-            Some(c) => c.judge_exit(exited),
-            None => Exit::Other(exit_reason(exited)),
-        };
-        ctx.say(&format!(
-            "up: [{}] {}; restarting in {:.1} s",
-            b.name,
-            how_it_exited(&exit, ctx.meter.capacity),
-            restarts.wait().as_secs_f64()
-        ));
-        let retry_ms = restarts.retry_after_ms();
-        ctx.status.update(&b.name, |r| {
-            r.state = down;
-            r.pid = None;
-            r.retry_after_ms = Some(retry_ms);
-            r.last_exit = Some(exit.reason());
-        });
+        record_exit(&ctx, &b, &mut restarts, exited, healthy_since.elapsed());
         // Whatever the group forked goes with it.
         group.stop(Duration::from_secs(2)).await;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(restarts.wait()) => {}
-                _ = stopped(&mut stop) => {
-                    ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
-                    return;
-                }
-            }
-            restarts.waited();
-            ctx.status.update(&b.name, |r| r.restarts += 1);
-            let attempt = tokio::select! {
-                r = start(&ctx, &b, &args, &env) => r,
-                _ = stopped(&mut stop) => {
-                    ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
-                    return;
-                }
-            };
-            match attempt {
-                Ok(g) => {
-                    group = g;
-                    break;
-                }
-                Err(e) => {
-                    let state = restarts.start_failed();
-                    ctx.say(&format!(
-                        "up: [{}] restart failed{}: {e}; next try in {:.1} s",
-                        b.name,
-                        if state == BackendState::CrashLoop {
-                            format!(" ({} in a row: crash loop)", restarts.early_in_a_row())
-                        } else {
-                            String::new()
-                        },
-                        restarts.wait().as_secs_f64()
-                    ));
-                    let retry_ms = restarts.retry_after_ms();
-                    let reason = one_line(&e.to_string());
-                    ctx.status.update(&b.name, |r| {
-                        r.state = state;
-                        r.start_failures += 1;
-                        r.retry_after_ms = Some(retry_ms);
-                        r.last_exit = Some(reason);
-                    });
-                }
-            }
+        match restart_until_up(&ctx, &b, &args, &env, &mut restarts, &mut stop).await {
+            Some(g) => group = g,
+            None => return,
         }
         healthy_since = Instant::now();
         ctx.status.update(&b.name, |r| {
@@ -198,6 +143,92 @@ pub(crate) async fn keep(ctx: Arc<Ctx>, started: Started, mut stop: watch::Recei
             b.name, group.pid
         ));
     }
+}
+
+/// Says how `b` exited (`exited`, after `lived` since it was healthy) and when it restarts, and
+/// puts it in the report as down.
+fn record_exit(
+    ctx: &Ctx,
+    b: &BackendConfig,
+    restarts: &mut Restarts,
+    exited: Option<std::process::ExitStatus>,
+    lived: Duration,
+) {
+    let down = restarts.exited(lived);
+    let exit = match &ctx.enforced {
+        Some(c) => c.judge_exit(exited),
+        None => Exit::Other(exit_reason(exited)),
+    };
+    ctx.say(&format!(
+        "up: [{}] {}; restarting in {:.1} s",
+        b.name,
+        how_it_exited(&exit, ctx.meter.capacity),
+        restarts.wait().as_secs_f64()
+    ));
+    let retry_ms = restarts.retry_after_ms();
+    ctx.status.update(&b.name, |r| {
+        r.state = down;
+        r.pid = None;
+        r.retry_after_ms = Some(retry_ms);
+        r.last_exit = Some(exit.reason());
+    });
+}
+
+/// Waits out the backoff and starts `b` again, until one start comes up healthy (its group) or
+/// the stop flag is set (`None`, the backend reported stopped). Each try is counted as it begins.
+async fn restart_until_up(
+    ctx: &Arc<Ctx>,
+    b: &BackendConfig,
+    args: &[String],
+    env: &[(String, String)],
+    restarts: &mut Restarts,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Group> {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(restarts.wait()) => {}
+            _ = stopped(stop) => {
+                ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
+                return None;
+            }
+        }
+        restarts.waited();
+        ctx.status.update(&b.name, |r| r.restarts += 1);
+        let attempt = tokio::select! {
+            r = start(ctx, b, args, env) => r,
+            _ = stopped(stop) => {
+                ctx.status.update(&b.name, |r| r.state = BackendState::Stopped);
+                return None;
+            }
+        };
+        match attempt {
+            Ok(g) => return Some(g),
+            Err(e) => record_start_failure(ctx, b, restarts, &e),
+        }
+    }
+}
+
+/// Says that a restart of `b` failed (`e`) and when the next try is, and counts it in the report.
+fn record_start_failure(ctx: &Ctx, b: &BackendConfig, restarts: &mut Restarts, e: &UpError) {
+    let state = restarts.start_failed();
+    ctx.say(&format!(
+        "up: [{}] restart failed{}: {e}; next try in {:.1} s",
+        b.name,
+        if state == BackendState::CrashLoop {
+            format!(" ({} in a row: crash loop)", restarts.early_in_a_row())
+        } else {
+            String::new()
+        },
+        restarts.wait().as_secs_f64()
+    ));
+    let retry_ms = restarts.retry_after_ms();
+    let reason = one_line(&e.to_string());
+    ctx.status.update(&b.name, |r| {
+        r.state = state;
+        r.start_failures += 1;
+        r.retry_after_ms = Some(retry_ms);
+        r.last_exit = Some(reason);
+    });
 }
 
 /// A message on one line (a backend's last log line may bring its own line breaks).
