@@ -109,6 +109,7 @@ pub(crate) async fn lane_contention(
     Ok(contention::worse(whole, short))
 }
 
+/// Says how much text slows `c`'s jobs and what text does about it ([`verdict`]).
 pub(crate) fn say_contention(ctx: &Ctx, t: &BackendConfig, c: &Contention) {
     ctx.say(&format!(
         "up: [{}] beside [{}]: {}; {}",

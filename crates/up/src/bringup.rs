@@ -314,6 +314,8 @@ pub(crate) fn never_admits(f: &LaneFigures, room: &JobRoom, margin: u64) -> UpEr
 /// An audio backend's start-up failure, with its group (already stopped) out of the way.
 pub(crate) struct StartFailure(UpError);
 
+/// Starts an audio backend with its planned `args` and `env` and measures it ([`measure_audio`]);
+/// a backend that fails while measured is stopped.
 pub(crate) async fn bring_up_audio(
     ctx: &Arc<Ctx>,
     b: &BackendConfig,
@@ -332,6 +334,8 @@ pub(crate) async fn bring_up_audio(
     }
 }
 
+/// Starts the text engine with its flags `f`, waits for its steady level, measures its peak and
+/// checks it against the plan ([`checked_against_plan`]).
 pub(crate) async fn bring_up_text(
     ctx: &Arc<Ctx>,
     t: &BackendConfig,

@@ -22,6 +22,7 @@ pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     }
 }
 
+/// Milliseconds since the Unix epoch: the sampler's clock.
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -29,6 +30,7 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// What every step of a run shares.
 pub(crate) struct Ctx {
     pub(crate) config: BoxConfig,
     pub(crate) opts: UpOptions,

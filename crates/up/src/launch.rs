@@ -23,6 +23,7 @@ pub(crate) struct Started {
     pub(crate) env: Vec<(String, String)>,
 }
 
+/// Stops every backend started so far, the last started first, each by its process group.
 pub(crate) async fn stop_all_started(ctx: &Ctx, started: &mut Vec<Started>) {
     while let Some(Started {
         backend: b,
@@ -88,6 +89,8 @@ pub(crate) async fn start(
     Ok(group)
 }
 
+/// Polls `b`'s health URL every 200 ms until it answers (the time it took), the backend exits,
+/// or `ready_timeout` passes.
 pub(crate) async fn wait_healthy(
     ctx: &Ctx,
     b: &BackendConfig,
@@ -123,6 +126,7 @@ pub(crate) async fn wait_healthy(
     }
 }
 
+/// The last line of a backend's log, or where its (empty) log is.
 pub(crate) fn last_line(group: &Group) -> String {
     group
         .log_tail(1)

@@ -149,6 +149,8 @@ pub(crate) async fn wait_steady(
     }
 }
 
+/// Measures an audio backend just started: its idle level, then its warm-up (or the kept figures
+/// standing for it); says the figures and puts them in the report.
 pub(crate) async fn measure_audio(
     ctx: &Arc<Ctx>,
     b: &BackendConfig,

@@ -99,6 +99,8 @@ impl Meter {
     }
 }
 
+/// Opens the pool `[memory] probe` names and starts sampling it every `sample_interval`: the
+/// meter, and the probe the gateway reads too.
 pub(crate) fn open_meter(
     config: &BoxConfig,
     enforced: Option<&BoxCgroup>,

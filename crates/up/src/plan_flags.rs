@@ -99,6 +99,8 @@ pub(crate) fn text_sequences(ctx: &Ctx, t: &BackendConfig, lanes: &[LaneFigures]
     slots
 }
 
+/// The text engine's flags for `sequences` sequences within its `budget`, from its model's shape
+/// (llama.cpp: the GGUF; vLLM: inspect's model spec) and, on a GPU, the `audio` footprints.
 pub(crate) fn text_flags(
     ctx: &Ctx,
     t: &BackendConfig,

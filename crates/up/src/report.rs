@@ -32,6 +32,7 @@ impl BoxProvider for BoxStatus {
     }
 }
 
+/// The report before anything starts: every backend stopped, nothing measured.
 pub(crate) fn initial_report(config: &BoxConfig, capacity: u64) -> BoxReport {
     BoxReport {
         probe: config.memory.probe.as_str().into(),

@@ -49,6 +49,8 @@ where
     result
 }
 
+/// The run, with the stop flag `stop`: open the box, bring it up (a stop request or an error
+/// stops what was started), serve, then stop everything in order.
 async fn run_inner(
     config: BoxConfig,
     opts: UpOptions,
