@@ -283,7 +283,7 @@ pub struct Overrides {
 }
 
 /// The clause every path error ends with: which folder relative paths were taken from.
-pub fn relative_to(dir: &Path) -> String {
+pub(crate) fn relative_to(dir: &Path) -> String {
     format!(
         "relative paths start at the box file's folder, {}",
         dir.display()

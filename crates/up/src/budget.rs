@@ -131,6 +131,8 @@ impl CoTenants {
         self.max_bytes
     }
 
+    /// Samples counted (read by the tests).
+    #[cfg(test)]
     pub fn samples(&self) -> u64 {
         self.samples
     }

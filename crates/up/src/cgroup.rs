@@ -34,7 +34,7 @@ use rustix::process::{Pid, Signal, kill_process};
 use crate::UpError;
 
 /// The start of every name this module gives a cgroup.
-pub const PREFIX: &str = "headroom-up-";
+pub(crate) const PREFIX: &str = "headroom-up-";
 
 /// The box's memory cgroup while `up` runs.
 #[derive(Debug)]
@@ -65,7 +65,7 @@ impl Exit {
 }
 
 /// The plain reason of an exit status: `exited (exit status: 1)`, `exited (signal: 9 (SIGKILL))`.
-pub fn exit_reason(status: Option<ExitStatus>) -> String {
+pub(crate) fn exit_reason(status: Option<ExitStatus>) -> String {
     match status {
         Some(s) => format!("exited ({s})"),
         None => "exited (unknown status)".into(),
@@ -187,7 +187,7 @@ impl Drop for BoxCgroup {
 }
 
 /// `headroom-up-PID-START-BOX`, the box's name cut to what a directory name takes.
-pub fn name_for(pid: u32, start: u64, box_name: &str) -> String {
+pub(crate) fn name_for(pid: u32, start: u64, box_name: &str) -> String {
     let tidy: String = box_name
         .chars()
         .map(|c| {
@@ -203,7 +203,7 @@ pub fn name_for(pid: u32, start: u64, box_name: &str) -> String {
 }
 
 /// The `up` a cgroup name says made it: `(pid, start)`; `None` for any other name.
-pub fn maker_of(name: &str) -> Option<(u32, u64)> {
+pub(crate) fn maker_of(name: &str) -> Option<(u32, u64)> {
     let rest = name.strip_prefix(PREFIX)?;
     let mut parts = rest.splitn(3, '-');
     let pid = parts.next()?.parse().ok()?;
@@ -214,7 +214,7 @@ pub fn maker_of(name: &str) -> Option<(u32, u64)> {
 
 /// A process's start time in clock ticks after boot (`/proc/PID/stat` field 22); `None` when
 /// there is no such process.
-pub fn start_time(pid: u32) -> Option<u64> {
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces and parentheses): state is field 3.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -223,7 +223,7 @@ pub fn start_time(pid: u32) -> Option<u64> {
 
 /// Removes the cgroups of `up`s that no longer run from this process's memory cgroup (killing
 /// what is still inside them); returns one line per cgroup removed or left.
-pub fn clean_stale(hierarchy: &MemoryHierarchy) -> Vec<String> {
+pub(crate) fn clean_stale(hierarchy: &MemoryHierarchy) -> Vec<String> {
     let mut lines = Vec::new();
     let Ok(entries) = fs::read_dir(&hierarchy.own) else {
         return lines;

@@ -9,8 +9,8 @@ use std::path::Path;
 
 use crate::UpError;
 use crate::boxfile::{BoxConfig, Role};
+use crate::kept::calibration_file;
 use crate::lanes::{LaneFigures, serve_config};
-use crate::supervisor::calibration_file;
 
 /// Every check; the first failure is the error.
 pub fn before_start(config: &BoxConfig, box_path: &Path) -> Result<(), UpError> {
@@ -32,7 +32,7 @@ fn check_serve(config: &BoxConfig) -> Result<(), UpError> {
 /// The calibration file is written after the bring-up: a path that is a folder, or a folder
 /// `up` cannot create a file in, is found now (by creating and removing a probe file beside it;
 /// permissions alone say nothing to root or on a read-only mount).
-pub fn check_calibration_path(path: &Path) -> Result<(), UpError> {
+pub(crate) fn check_calibration_path(path: &Path) -> Result<(), UpError> {
     let bad = |message: String| UpError::Config {
         key: "memory.calibration".into(),
         message,

@@ -97,14 +97,12 @@ pub fn llamacpp_model(path: &Path) -> Result<LlamaCppModel, UpError> {
         source: e,
     })?;
     let shown = path.display().to_string();
-    let meta = read_gguf(std::io::BufReader::new(file), &shown)
-        .map_err(|e| UpError::Model(e.to_string()))?;
+    let meta = read_gguf(std::io::BufReader::new(file), &shown).map_err(UpError::Model)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    headroom_inspect::llamacpp::model_from_gguf(&meta, &name, &shown)
-        .map_err(|e| UpError::Model(e.to_string()))
+    headroom_inspect::llamacpp::model_from_gguf(&meta, &name, &shown).map_err(UpError::Model)
 }
 
 /// llama-server's host-RAM prompt cache (`--cache-ram`, 8192 MiB by default since late 2025) keeps
@@ -218,7 +216,7 @@ pub fn llamacpp_flags(
 /// vLLM's start-up free-memory check by construction; the KV pool is pinned with
 /// `--kv-cache-memory`. `device_total` is the card as vLLM sees it: its utilization is a fraction
 /// of the whole card, so a pool `capacity` below the card counts the rest as held by others.
-pub fn vllm_gpu_flags(
+pub(crate) fn vllm_gpu_flags(
     spec: &ModelSpec,
     text: &TextPlan,
     budget: &Budget,
@@ -284,7 +282,7 @@ pub fn vllm_gpu_flags(
 
 /// vLLM on the CPU: its KV pool is `VLLM_CPU_KVCACHE_SPACE` whole GiB, taken from what the
 /// budget leaves after the weights and the runtime (`overhead`: torch and its worker processes).
-pub fn vllm_cpu_flags(
+pub(crate) fn vllm_cpu_flags(
     spec: &ModelSpec,
     text: &TextPlan,
     budget_bytes: u64,

@@ -7,9 +7,22 @@
 //! Otherwise `up` measures again, and the new figures replace the kept ones; a start that uses
 //! them keeps them as they are. Pure: the figures and readings are handed in.
 
-use headroom_gpu::calibration::BackendCalibration;
+use std::path::{Path, PathBuf};
+
+use headroom_gpu::calibration::{BackendCalibration, calibration_path_for};
+
+use crate::boxfile::BoxConfig;
 
 use crate::budget::mib;
+
+/// The box's calibration file: `[memory] calibration`, else beside the box file.
+pub fn calibration_file(config: &BoxConfig, box_path: &Path) -> PathBuf {
+    config
+        .memory
+        .calibration
+        .clone()
+        .unwrap_or_else(|| calibration_path_for(box_path))
+}
 
 /// How far the level before any job may move between starts (shared pages divided among more
 /// or fewer processes, a Python import cached or not) and still be the same backend: 10 % of the

@@ -116,7 +116,7 @@ const JOIN_SCRIPT: &str = "echo $$ > \"$0\" || { echo \"headroom up: cannot join
 
 /// [`spawn`], the backend placed in the cgroup whose `cgroup.procs` is `join` before it runs
 /// (see [`crate::cgroup`]).
-pub fn spawn_in(
+pub(crate) fn spawn_in(
     backend: &BackendConfig,
     extra_args: &[String],
     extra_env: &[(String, String)],
@@ -274,7 +274,7 @@ impl Group {
 }
 
 /// Stops (`true`: SIGSTOP) or continues (`false`: SIGCONT) the process group led by `pgid`.
-pub fn signal_group(pgid: u32, stop: bool) -> std::io::Result<()> {
+pub(crate) fn signal_group(pgid: u32, stop: bool) -> std::io::Result<()> {
     let pid = i32::try_from(pgid)
         .ok()
         .and_then(Pid::from_raw)

@@ -14,7 +14,7 @@ use crate::boxfile::{BackendConfig, Warmup};
 
 /// A warm-up job ready to send: its body, content type and audio length.
 #[derive(Debug, Clone)]
-pub struct Job {
+pub(crate) struct Job {
     pub url: String,
     pub body: Bytes,
     pub content_type: String,
@@ -27,7 +27,7 @@ pub struct Job {
 
 /// What a speech warm-up asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SpeechInput {
+pub(crate) struct SpeechInput {
     pub chars: usize,
     pub speed: f64,
 }
@@ -35,7 +35,7 @@ pub struct SpeechInput {
 /// One job's answer: how long it took and, when the answer is audio with a readable header,
 /// how many seconds of audio it holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Answer {
+pub(crate) struct Answer {
     pub took: Duration,
     pub audio_seconds: Option<f64>,
 }
@@ -65,7 +65,7 @@ const BOUNDARY: &str = "headroom-up-warmup-6d1f0c";
 
 /// Builds the job once (the file is read here, so a missing or unreadable file fails before
 /// anything runs).
-pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError> {
+pub(crate) fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError> {
     let url = format!("{}{}", backend.upstream(), warmup.path);
     if let Some(json) = &warmup.json {
         return Ok(Job {
@@ -113,7 +113,10 @@ pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError>
 /// job by a larger factor than a long one (on this CPU box Whisper's 33 s warm-up ran 0.92 x
 /// beside a generation, a 4 s clip 1.5-2 x), so whether text gives way is measured on both.
 /// `None` when the warm-up is already one short job.
-pub fn prepare_shortest(backend: &BackendConfig, warmup: &Warmup) -> Result<Option<Job>, UpError> {
+pub(crate) fn prepare_shortest(
+    backend: &BackendConfig,
+    warmup: &Warmup,
+) -> Result<Option<Job>, UpError> {
     if let Some(json) = &warmup.json {
         let Some(short) = first_sentence_body(json) else {
             return Ok(None);
@@ -221,7 +224,7 @@ fn multipart(
 }
 
 /// Runs the job once; the time it took and the audio it answered with.
-pub async fn run(client: &reqwest::Client, job: &Job) -> Result<Answer, String> {
+pub(crate) async fn run(client: &reqwest::Client, job: &Job) -> Result<Answer, String> {
     let start = Instant::now();
     let response = client
         .post(&job.url)
@@ -255,7 +258,7 @@ pub async fn run(client: &reqwest::Client, job: &Job) -> Result<Answer, String> 
 }
 
 /// One health check: true on a 2xx answer within `timeout`.
-pub async fn healthy(client: &reqwest::Client, url: &str, timeout: Duration) -> bool {
+pub(crate) async fn healthy(client: &reqwest::Client, url: &str, timeout: Duration) -> bool {
     matches!(
         client.get(url).timeout(timeout).send().await,
         Ok(r) if r.status().is_success()

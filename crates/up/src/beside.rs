@@ -1,0 +1,202 @@
+//! Whether text slows an audio lane's jobs: measured beside the started text engine (or kept),
+//! said, and turned into the lanes text gives way to.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use headroom_gpu::calibration::{Calibration, ContentionFigures};
+
+use crate::boxfile::{BackendConfig, Engine, Warmup};
+use crate::contention::{self, Contention};
+use crate::ctx::Ctx;
+use crate::flags::TextFlags;
+use crate::report::shown_flags;
+use crate::warmup;
+
+/// Measures whether one generation of the text engine slows each audio backend's job
+/// ([`contention`]); returns the audio lanes text gives way to and the settle for their jobs.
+/// A measurement that fails is said and derives nothing (the box file's settings stand).
+pub(crate) async fn text_beside_audio(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    f: &TextFlags,
+    alone: &BTreeMap<String, Duration>,
+    kept: &BTreeMap<String, ContentionFigures>,
+    calibration: &mut Calibration,
+) -> (Vec<String>, Option<Duration>) {
+    let mut gives_way = GivesWay::default();
+    let max_tokens = generation_tokens(f.context_per_sequence);
+    let flags = shown_flags(f);
+    for b in ctx.config.audio() {
+        let Some(w) = &b.warmup else { continue };
+        // Kept with the audio figures and measured beside the same text engine flags.
+        if let Some(k) = kept.get(&b.name).filter(|k| k.text_flags == flags) {
+            let c = Contention::from_kept(&b.name, k);
+            ctx.say(&format!(
+                "up: [{}] beside [{}] (measured {}, the calibration file):",
+                t.name, b.name, k.date
+            ));
+            say_contention(ctx, t, &c);
+            gives_way.count(&b.name, &c);
+            calibration.contention.insert(b.name.clone(), k.clone());
+            continue;
+        }
+        let known = alone.get(&b.name).copied();
+        let measured = lane_contention(ctx, t, b, w, known, max_tokens).await;
+        match measured {
+            Ok(c) => {
+                say_contention(ctx, t, &c);
+                gives_way.count(&b.name, &c);
+                calibration.contention.insert(b.name.clone(), c.kept(&flags));
+            }
+            Err(e) => ctx.say(&format!(
+                "up: [{}] warning: could not measure whether text slows [{}]'s jobs ({e}); the box file's lane settings stand",
+                t.name, b.name
+            )),
+        }
+    }
+    (gives_way.lanes, gives_way.settle)
+}
+
+/// The audio lanes text gives way to, and the settle for their jobs: the longest any needs.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct GivesWay {
+    pub(crate) lanes: Vec<String>,
+    pub(crate) settle: Option<Duration>,
+}
+
+impl GivesWay {
+    /// Counts the lane `backend` in when text slows its jobs past the limit (`c`).
+    pub(crate) fn count(&mut self, backend: &str, c: &Contention) {
+        if c.text_gives_way() {
+            self.settle = self.settle.max(Some(c.settle()));
+            self.lanes.push(backend.to_string());
+        }
+    }
+}
+
+/// The tokens of the generation run beside an audio job: long enough to outlast the job, short
+/// enough for the context of one sequence (its context less 128, within 16 to 1,024).
+pub(crate) fn generation_tokens(context_per_sequence: u64) -> u64 {
+    context_per_sequence.saturating_sub(128).clamp(16, 1024)
+}
+
+/// Times `b`'s warm-up job beside the text engine and, when that job does not already make text
+/// give way and the lane has a shorter one ([`warmup::prepare_shortest`]), its shortest job too;
+/// the lane's figure is the one text slows most ([`contention::worse`]).
+pub(crate) async fn lane_contention(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    b: &BackendConfig,
+    w: &Warmup,
+    known: Option<Duration>,
+    max_tokens: u64,
+) -> Result<Contention, String> {
+    let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
+    let shortest = warmup::prepare_shortest(b, w).map_err(|e| e.to_string())?;
+    let text = t.upstream();
+    let whole = contention::measure(&ctx.client, &b.name, &job, known, &text, max_tokens).await?;
+    let Some(short) = shortest.filter(|_| !whole.text_gives_way()) else {
+        return Ok(whole);
+    };
+    ctx.say(&format!(
+        "up: [{}] beside [{}], its warm-up job: {}; and its shortest job:",
+        t.name,
+        b.name,
+        whole.describe()
+    ));
+    let short = contention::measure(&ctx.client, &b.name, &short, None, &text, max_tokens).await?;
+    Ok(contention::worse(whole, short))
+}
+
+/// Says how much text slows `c`'s jobs and what text does about it ([`verdict`]).
+pub(crate) fn say_contention(ctx: &Ctx, t: &BackendConfig, c: &Contention) {
+    ctx.say(&format!(
+        "up: [{}] beside [{}]: {}; {}",
+        t.name,
+        c.backend,
+        c.describe(),
+        verdict(c, t.engine)
+    ));
+}
+
+/// What text does beside an audio lane, in words: runs on, stops its generations, or (llama.cpp)
+/// is paused.
+pub(crate) fn verdict(c: &Contention, text_engine: Engine) -> String {
+    if c.text_gives_way() && text_engine == Engine::LlamaCpp {
+        "text yields to it and llama.cpp is paused while its jobs run (its process group stopped, then continued)".to_string()
+    } else if c.text_gives_way() {
+        format!(
+            "text yields to it and stops every running generation for its jobs (preempt, all; settle {} ms)",
+            c.settle().as_millis()
+        )
+    } else {
+        format!(
+            "within {:.1} x: text runs on beside it",
+            contention::SLOWDOWN_LIMIT
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use headroom_gpu::calibration::ContentionFigures;
+
+    use super::{GivesWay, generation_tokens, verdict};
+    use crate::boxfile::Engine;
+    use crate::contention::Contention;
+
+    fn contention(alone: f64, with_text: f64, step: Option<f64>) -> Contention {
+        Contention::from_kept(
+            "tts",
+            &ContentionFigures {
+                alone_seconds: alone,
+                with_text_seconds: with_text,
+                text_step_seconds: step,
+                text_flags: Vec::new(),
+                date: String::new(),
+            },
+        )
+    }
+
+    #[test]
+    fn text_gives_way_to_the_lanes_it_slows_with_the_longest_settle() {
+        let mut g = GivesWay::default();
+        // 1.1 x: within the limit.
+        g.count("stt", &contention(1.0, 1.1, Some(0.9)));
+        assert_eq!(g, GivesWay::default());
+        // 3 x, decode steps of 0.4 s: settle two steps.
+        g.count("tts", &contention(1.0, 3.0, Some(0.4)));
+        // 2 x, steps of 1.5 s: 3 s, the longer.
+        g.count("asr", &contention(2.0, 4.0, Some(1.5)));
+        // 4 x, steps of 0.1 s: 0.2 s, raised to the 250 ms floor, shorter than 3 s.
+        g.count("vad", &contention(0.5, 2.0, Some(0.1)));
+        assert_eq!(g.lanes, ["tts", "asr", "vad"]);
+        assert_eq!(g.settle, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn the_generation_beside_a_job_fits_one_sequence() {
+        assert_eq!(generation_tokens(4096), 1024);
+        assert_eq!(generation_tokens(600), 472);
+        assert_eq!(generation_tokens(100), 16);
+    }
+
+    #[test]
+    fn the_verdict_names_what_text_does() {
+        assert_eq!(
+            verdict(&contention(1.0, 1.1, None), Engine::Vllm),
+            "within 1.2 x: text runs on beside it"
+        );
+        assert_eq!(
+            verdict(&contention(1.0, 2.0, Some(0.3)), Engine::Vllm),
+            "text yields to it and stops every running generation for its jobs (preempt, all; settle 600 ms)"
+        );
+        assert_eq!(
+            verdict(&contention(1.0, 2.0, Some(0.3)), Engine::LlamaCpp),
+            "text yields to it and llama.cpp is paused while its jobs run (its process group stopped, then continued)"
+        );
+    }
+}
