@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// What a backend is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -139,7 +139,7 @@ pub fn unavailable(state: &AppState, lane: &str, upstreams: &[String]) -> Option
     }
     let mut err = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
-        "backend_unavailable",
+        ErrorCode::BackendUnavailable,
         format!("lane `{lane}`: its backend is restarting; retry shortly"),
     );
     err.retry_after = Some(retry.max(Duration::from_secs(1)));
@@ -188,7 +188,7 @@ pub async fn handler(State(s): State<Arc<AppState>>) -> Response {
         }
         None => ApiError::new(
             StatusCode::NOT_FOUND,
-            "unknown_route",
+            ErrorCode::UnknownRoute,
             "no route GET /admin/box (this gateway does not run under headroom up)",
         )
         .into_response(),

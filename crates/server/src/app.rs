@@ -16,20 +16,13 @@ use headroom_gate::{Gate, clean_transcript};
 use serde_json::{Value, json};
 
 use crate::config::ServeConfig;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::inspect::last_user_text;
-use crate::proxy::header as hname;
 use crate::request::{self, Reply, Route, Timer};
 use crate::telemetry::{BAD_REQUESTS_TOTAL, Telemetry};
 
-/// Header a client may send to shorten its own deadline (milliseconds).
-pub const TIMEOUT_HEADER: &str = "x-headroom-timeout-ms";
-/// Header naming the lane a request wants.
-pub const LANE_HEADER: &str = "x-headroom-lane";
 /// The `model` of a fallback answer: the rule-based cleanup, not the requested LLM.
 pub const FALLBACK_MODEL: &str = "headroom-rule-based-cleanup";
-/// Header marking a fallback answer.
-pub const FALLBACK_HEADER: &str = "x-headroom-fallback";
 
 /// Shared state of one gateway.
 pub struct AppState {
@@ -200,7 +193,7 @@ pub fn router(state: Shared) -> Router {
         .fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "unknown_route",
+                ErrorCode::UnknownRoute,
                 format!("no route {} {}", req.method(), req.uri().path()),
             )
             .closing()
@@ -208,7 +201,7 @@ pub fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(|req: Request| async move {
             ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 format!("{} is not allowed on {}", req.method(), req.uri().path()),
             )
             .closing()
@@ -254,7 +247,7 @@ fn refused_at_edge(s: &AppState, req: &Request) -> Option<Response> {
         return Some(
             ApiError::new(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers_too_large",
+                ErrorCode::HeadersTooLarge,
                 format!("request headers exceed {} bytes", s.config.max_header_bytes),
             )
             .closing()
@@ -274,7 +267,7 @@ fn refused_at_edge(s: &AppState, req: &Request) -> Option<Response> {
             return Some(
                 ApiError::new(
                     StatusCode::UNAUTHORIZED,
-                    "invalid_api_key",
+                    ErrorCode::InvalidApiKey,
                     "a valid API key is required (Authorization: Bearer KEY)",
                 )
                 .closing()
@@ -365,11 +358,11 @@ pub(crate) fn fallback_response(
         .into_response()
     };
     response.headers_mut().insert(
-        hname("x-headroom-fallback"),
+        crate::headers::FALLBACK,
         HeaderValue::from_static("rule-based-cleanup"),
     );
     response.headers_mut().insert(
-        hname("x-headroom-lane"),
+        crate::headers::LANE,
         HeaderValue::from_str(lane).unwrap_or(HeaderValue::from_static("?")),
     );
     response
@@ -432,7 +425,7 @@ async fn models(State(s): State<Shared>) -> Response {
     if reached == 0 && !upstreams.is_empty() {
         return ApiError::new(
             StatusCode::BAD_GATEWAY,
-            "upstream_unreachable",
+            ErrorCode::UpstreamUnreachable,
             "no upstream answered /v1/models",
         )
         .into_response();
@@ -571,9 +564,7 @@ fn load_header(s: &AppState, mut response: Response) -> Response {
     if s.config.balancer.load_header
         && let Ok(v) = HeaderValue::from_str(&s.balancer.get().orca_value())
     {
-        response
-            .headers_mut()
-            .insert(crate::balancer::ORCA_HEADER, v);
+        response.headers_mut().insert(crate::headers::ORCA, v);
     }
     response
 }

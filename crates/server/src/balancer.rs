@@ -20,9 +20,6 @@ use tokio::time::Instant;
 use crate::app::AppState;
 use crate::config::{ConfigError, key_err};
 
-/// Response header Envoy reads ORCA load reports from.
-pub const ORCA_HEADER: &str = "endpoint-load-metrics";
-
 /// The `[balancer]` table as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

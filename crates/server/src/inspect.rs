@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use serde_json::Value;
 
 use crate::audio::{AudioProbe, base64_decode, probe};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// Deepest JSON nesting accepted (serde_json's own limit is 128).
 pub const MAX_JSON_DEPTH: usize = 64;
@@ -61,7 +61,7 @@ fn speech_ask(input: &str, speed: Option<&Value>) -> Result<SpeechAsk, ApiError>
     let chars = input.chars().count() as u64;
     if input.trim().is_empty() {
         return Err(ApiError::bad_request(
-            "missing_field",
+            ErrorCode::MissingField,
             Some("input"),
             "`input` (the text to speak) is empty",
         ));
@@ -72,7 +72,7 @@ fn speech_ask(input: &str, speed: Option<&Value>) -> Result<SpeechAsk, ApiError>
             Some(x) if SPEECH_SPEED_RANGE.contains(&x) => x,
             _ => {
                 return Err(ApiError::bad_request(
-                    "invalid_value",
+                    ErrorCode::InvalidValue,
                     Some("speed"),
                     "`speed` must be a number from 0.25 to 4.0",
                 ));
@@ -455,7 +455,7 @@ pub fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
 fn unsupported_audio(param: &str) -> ApiError {
     ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_audio",
+        ErrorCode::UnsupportedAudio,
         "the audio is not WAV, FLAC, MP3, OGG, MP4/M4A or WebM",
     )
     .with_param(Some(param))
@@ -491,7 +491,7 @@ fn chat_audio_blob(part: &Value) -> Option<Result<Vec<u8>, ApiError>> {
     };
     Some(base64_decode(encoded).ok_or_else(|| {
         ApiError::bad_request(
-            "invalid_audio_encoding",
+            ErrorCode::InvalidAudioEncoding,
             Some("messages"),
             "audio in a chat message is not valid base64",
         )
@@ -502,7 +502,7 @@ fn chat_audio_blob(part: &Value) -> Option<Result<Vec<u8>, ApiError>> {
 pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, ApiError> {
     if json_depth_exceeds(bytes, MAX_JSON_DEPTH) {
         return Err(ApiError::bad_request(
-            "json_too_deep",
+            ErrorCode::JsonTooDeep,
             None,
             format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels"),
         ));
@@ -514,13 +514,13 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
             } else {
                 format!("request body is not valid JSON: {e}")
             };
-        ApiError::bad_request("invalid_json", None, message)
+        ApiError::bad_request(ErrorCode::InvalidJson, None, message)
     })?;
     let model = match fields.model {
         Some(Text::Str(s)) if !s.trim().is_empty() => s,
         Some(Text::Str(_)) | None | Some(Text::Null) => {
             return Err(ApiError::bad_request(
-                "missing_model",
+                ErrorCode::MissingModel,
                 Some("model"),
                 "`model` is required",
             ));
@@ -528,7 +528,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
         Some(Text::List(_) | Text::Other) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_type",
+                ErrorCode::InvalidType,
                 "`model` must be a string",
             )
             .with_param(Some("model")));
@@ -540,7 +540,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
         Some(_) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_type",
+                ErrorCode::InvalidType,
                 "`stream` must be a boolean",
             )
             .with_param(Some("stream")));
@@ -557,7 +557,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 Some(n) if n >= 1 => max_tokens = Some((field, n)),
                 _ => {
                     return Err(ApiError::bad_request(
-                        "invalid_value",
+                        ErrorCode::InvalidValue,
                         Some(field),
                         format!("`{field}` must be a positive integer"),
                     ));
@@ -576,7 +576,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 Some(Messages::List(m)) => m,
                 None => {
                     return Err(ApiError::bad_request(
-                        "missing_field",
+                        ErrorCode::MissingField,
                         Some("messages"),
                         "`messages` is required",
                     ));
@@ -584,7 +584,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 Some(Messages::Other) => {
                     return Err(ApiError::new(
                         StatusCode::UNPROCESSABLE_ENTITY,
-                        "invalid_type",
+                        ErrorCode::InvalidType,
                         "`messages` must be an array",
                     )
                     .with_param(Some("messages")));
@@ -632,7 +632,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
             }
             _ => {
                 return Err(ApiError::bad_request(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     Some("input"),
                     "`input` (the text to speak) is required",
                 ));
@@ -668,7 +668,7 @@ pub const CHAT_ROLES: &[&str] = &[
 fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
-            "invalid_value",
+            ErrorCode::InvalidValue,
             Some("messages"),
             "`messages` must hold at least one message",
         ));
@@ -676,7 +676,7 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
     for (i, m) in messages.iter().enumerate() {
         if !m.object {
             return Err(ApiError::bad_request(
-                "invalid_type",
+                ErrorCode::InvalidType,
                 Some(&format!("messages[{i}]")),
                 format!("`messages[{i}]` must be an object"),
             ));
@@ -685,21 +685,21 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
             Some(Role::Known(r)) => *r,
             None | Some(Role::Null) => {
                 return Err(ApiError::bad_request(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     Some(&format!("messages[{i}].role")),
                     format!("`messages[{i}].role` is required"),
                 ));
             }
             Some(Role::NotString) => {
                 return Err(ApiError::bad_request(
-                    "invalid_type",
+                    ErrorCode::InvalidType,
                     Some(&format!("messages[{i}].role")),
                     format!("`messages[{i}].role` must be a string"),
                 ));
             }
             Some(Role::Unknown(role)) => {
                 return Err(ApiError::bad_request(
-                    "invalid_value",
+                    ErrorCode::InvalidValue,
                     Some(&format!("messages[{i}].role")),
                     format!(
                         "`messages[{i}].role` is `{role}`; it must be one of {}",
@@ -720,7 +720,7 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
                         .is_some_and(Value::is_string);
                     if !typed {
                         return Err(ApiError::bad_request(
-                            "invalid_type",
+                            ErrorCode::InvalidType,
                             Some(&format!("{}[{j}]", content_param())),
                             format!("`{}[{j}]` must be an object with a `type`", content_param()),
                         ));
@@ -731,14 +731,14 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
             None | Some(Text::Null) if matches!(role, "assistant" | "function") => {}
             None | Some(Text::Null) => {
                 return Err(ApiError::bad_request(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     Some(&content_param()),
                     format!("`{}` is required for the `{role}` role", content_param()),
                 ));
             }
             Some(Text::Other) => {
                 return Err(ApiError::bad_request(
-                    "invalid_type",
+                    ErrorCode::InvalidType,
                     Some(&content_param()),
                     format!(
                         "`{}` must be a string or a list of content parts",

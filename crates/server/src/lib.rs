@@ -10,6 +10,7 @@ pub mod balancer;
 pub mod body_memory;
 pub mod config;
 pub mod error;
+pub mod headers;
 pub mod health;
 pub mod inspect;
 pub mod listen;
@@ -55,9 +56,9 @@ pub enum ServeError {
     #[error("invalid lanes: {0}")]
     Gate(#[from] headroom_gate::GateError),
     #[error("cannot build the upstream HTTP client: {0}")]
-    Client(String),
+    Client(#[source] reqwest::Error),
     #[error("{0}")]
-    Tokenizer(String),
+    Tokenizer(#[source] tokens::LoadError),
     #[error("{0}")]
     Calibration(#[from] headroom_gpu::CalibrationError),
     #[error("server failed: {0}")]
@@ -117,7 +118,7 @@ impl Gateway {
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .build()
-            .map_err(|e| ServeError::Client(e.to_string()))?;
+            .map_err(ServeError::Client)?;
         let names: Vec<&str> = config.lanes.iter().map(|l| l.spec.name.as_str()).collect();
         let telemetry = Arc::new(telemetry::Telemetry::for_lanes(&names));
         telemetry.describe_lanes(&config.lane_specs());

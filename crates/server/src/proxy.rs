@@ -7,14 +7,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::Stream;
 use headroom_gate::Permit;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::telemetry::Telemetry;
 use crate::upstream::UpstreamResponse;
 
@@ -28,7 +28,7 @@ pub fn crosses_upstream(name: &str, listed: &[String], drop_authorization: bool)
     !(hop_by_hop(name)
         || name == "host"
         || name == "content-length"
-        || name.starts_with("x-headroom-")
+        || name.starts_with(crate::headers::OWN_PREFIX)
         || (drop_authorization && name == "authorization")
         || listed.iter().any(|l| l == name))
 }
@@ -279,7 +279,7 @@ impl Stream for Passthrough {
                 }
                 let e = ApiError::new(
                     StatusCode::BAD_GATEWAY,
-                    "upstream_stream_error",
+                    ErrorCode::UpstreamStreamError,
                     "the upstream connection failed in the middle of the response",
                 );
                 return this.end_with(e, "upstream_error");
@@ -318,11 +318,6 @@ impl Stream for Passthrough {
     }
 }
 
-/// A header name the gateway adds to responses.
-pub fn header(name: &'static str) -> HeaderName {
-    HeaderName::from_static(name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,7 +325,7 @@ mod tests {
 
     #[test]
     fn an_error_event_after_a_half_sent_event_is_framed_on_its_own() {
-        let e = ApiError::new(StatusCode::BAD_GATEWAY, "upstream_stream_error", "x");
+        let e = ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::UpstreamStreamError, "x");
         let whole = e.sse_event();
         assert_eq!(closing_error_event(b"", &e), whole);
         assert_eq!(closing_error_event(b"}\n\n", &e), whole);

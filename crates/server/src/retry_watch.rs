@@ -15,16 +15,13 @@ use tokio::time::Instant;
 
 /// Entries kept at most.
 pub const MAX_CLIENTS: usize = 4096;
-/// Header a client may send to be told apart when it has no API key.
-pub const CLIENT_HEADER: &str = "x-headroom-client";
-
 /// Refusal deadlines by (lane, client hash).
 #[derive(Debug, Default)]
 pub struct RetryWatch {
     until: Mutex<HashMap<(String, u64), Instant>>,
 }
 
-/// A hash of the client's identity (its `Authorization`, else its [`CLIENT_HEADER`]), when the
+/// A hash of the client's identity (its `Authorization`, else its [`crate::headers::CLIENT`]), when the
 /// request carries one.
 pub fn client_of(id: Option<&HeaderValue>) -> Option<u64> {
     let bytes = id?.as_bytes();

@@ -13,6 +13,7 @@ use headroom_gate::GateSnapshot;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::error::ErrorCode;
 use crate::pools::PoolNames;
 use crate::telemetry::{
     GPU_MEMORY_USED_BYTES, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL, REQUESTS_TOTAL, Telemetry,
@@ -632,7 +633,7 @@ pub(crate) fn ask_for_key() -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut r = crate::error::ApiError::new(
         axum::http::StatusCode::UNAUTHORIZED,
-        "invalid_api_key",
+        ErrorCode::InvalidApiKey,
         "a valid API key is required (Authorization: Bearer KEY, or the key as the Basic password)",
     )
     .into_response();

@@ -38,7 +38,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use crate::app::{self, Shared};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::request::Route;
 
 pub(crate) mod due;
@@ -253,7 +253,7 @@ fn missing_host<B>(req: &hyper::Request<B>) -> Option<Response> {
     Some(
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "missing_host",
+            ErrorCode::MissingHost,
             "an HTTP/1.1 request must carry a Host header",
         )
         .closing()

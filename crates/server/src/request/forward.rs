@@ -10,7 +10,7 @@ use super::{Lane, Route};
 use headroom_gate::Permit;
 
 use crate::app::AppState;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::proxy::{Flight, connection_listed, crosses_upstream};
 use crate::upstream::{self, Endpoint, Outgoing, UpstreamError, UpstreamResponse};
 
@@ -120,7 +120,7 @@ pub(super) fn received(
             };
             Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
+                ErrorCode::UpstreamUnreachable,
                 message,
             ))
         }

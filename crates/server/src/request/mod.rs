@@ -228,13 +228,16 @@ pub(crate) async fn handle(
     .await?;
     if let Some(settled) = settled {
         reply.response.headers_mut().insert(
-            preempt::SETTLE_HEADER,
+            // Milliseconds this job waited, after admission, for the requests it stopped to end
+            // on their engine (`preempt_settle`); absent when it waited for none.
+            crate::headers::PREEMPT_SETTLE,
             axum::http::HeaderValue::from(settled.as_millis() as u64),
         );
     }
     if assumed_duration {
         reply.response.headers_mut().insert(
-            limits::AUDIO_DURATION_HEADER,
+            // The audio's duration could not be read: the lane's longest clip was assumed.
+            crate::headers::AUDIO_DURATION,
             axum::http::HeaderValue::from_static(
                 "unknown; admitted as the lane's max_audio_seconds",
             ),

@@ -18,10 +18,6 @@ use crate::error::ApiError;
 use crate::proxy::Flight;
 use crate::scrape::{self, ScrapeTarget};
 
-/// Response header: milliseconds this job waited, after admission, for the requests it stopped
-/// to end on their engine (`preempt_settle`); absent when it waited for none.
-pub(super) const SETTLE_HEADER: &str = "x-headroom-preempt-settle-ms";
-
 /// Pause between two readings of an engine that still runs stopped requests. Each reading is
 /// itself answered only between two of the engine's decode steps (llama.cpp serves `/metrics`
 /// and `/slots` from its task loop), so this only keeps the poll from spinning.

@@ -206,10 +206,10 @@ impl<'a> Iterator for Lines<'a> {
 /// Fields the gateway sets on the responses it passes on: its own `x-headroom-*` ones and the
 /// ORCA load report. An upstream's field of such a name gives way to the gateway's.
 fn set_by_gateway(name: &[u8]) -> bool {
-    const OWN: &[u8] = b"x-headroom-";
+    const OWN: &[u8] = crate::headers::OWN_PREFIX.as_bytes();
     name.get(..OWN.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(OWN))
-        || name.eq_ignore_ascii_case(crate::balancer::ORCA_HEADER.as_bytes())
+        || name.eq_ignore_ascii_case(crate::headers::ORCA.as_bytes())
 }
 
 /// One field as a head carries it.
