@@ -15,9 +15,9 @@ use axum::routing::{get, post};
 use headroom_gate::{Gate, clean_transcript};
 use serde_json::{Value, json};
 
+use crate::body_facts::last_user_text;
 use crate::config::ServeConfig;
 use crate::error::{ApiError, ErrorCode};
-use crate::inspect::last_user_text;
 use crate::request::{self, Reply, Route, Timer};
 use crate::telemetry::{BAD_REQUESTS_TOTAL, Telemetry};
 
@@ -323,7 +323,7 @@ pub(crate) fn fallback_response(
     let completion_tokens = text
         .chars()
         .count()
-        .div_ceil(crate::inspect::CHARS_PER_TOKEN);
+        .div_ceil(crate::body_facts::CHARS_PER_TOKEN);
     let mut response = if stream {
         let chunk = |delta: Value, finish: Value| {
             json!({

@@ -1,6 +1,6 @@
 //! Input-token counting with a model's own `tokenizer.json` (Hugging Face `tokenizers`), used for
 //! a lane's `max_input_tokens` when the lane names a tokenizer; otherwise the gateway uses the
-//! stated estimate in [`crate::inspect::estimate_tokens`].
+//! stated estimate in [`crate::body_facts::estimate_tokens`].
 
 use std::path::Path;
 use std::sync::Arc;

@@ -91,7 +91,7 @@ pub fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, UpError>
             source: e,
         })?
     };
-    let audio_seconds = headroom_server::inspect::audio_seconds(&data, "file")
+    let audio_seconds = headroom_server::body_facts::audio_seconds(&data, "file")
         .ok()
         .flatten();
     let name = path
@@ -244,7 +244,7 @@ pub async fn run(client: &reqwest::Client, job: &Job) -> Result<Answer, String> 
     let took = start.elapsed();
     // Only an answer to a speech job is read as audio (a transcription's JSON is not).
     let audio_seconds = job.speech.and_then(|_| {
-        headroom_server::inspect::audio_seconds(&body, "answer")
+        headroom_server::body_facts::audio_seconds(&body, "answer")
             .ok()
             .flatten()
     });

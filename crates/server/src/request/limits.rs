@@ -7,9 +7,9 @@ use axum::http::StatusCode;
 
 use super::body::too_large;
 use super::{Facts, Lane, Route};
+use crate::body_facts::CHARS_PER_TOKEN;
 use crate::config::OutputTokensMode;
 use crate::error::{ApiError, ErrorCode};
-use crate::inspect::CHARS_PER_TOKEN;
 
 /// Applies every limit of `lane` to the request.
 pub(super) async fn check(

@@ -23,9 +23,9 @@ use tokio::time::{Instant, Sleep};
 
 use self::asked::Asked;
 use crate::app::Shared;
+use crate::body_facts::JsonRoute;
 use crate::config::LaneConfig;
 use crate::error::ApiError;
-use crate::inspect::JsonRoute;
 use crate::proxy::Flight;
 use crate::upstream::wire::Forwarded;
 
@@ -93,7 +93,7 @@ struct Facts<'a> {
     token_ids: u64,
     max_tokens: Option<(&'static str, u64)>,
     /// A speech request's input length and speed.
-    speech: Option<crate::inspect::SpeechAsk>,
+    speech: Option<crate::body_facts::SpeechAsk>,
     /// The body is JSON (forwarded as received unless a step rewrites it).
     json: bool,
     audio_param: &'static str,

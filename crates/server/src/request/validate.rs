@@ -1,13 +1,13 @@
 //! Validation: the body, by content type, into the [`Facts`] the later steps need: JSON routes
-//! through the inspector, audio uploads through the multipart reader and the audio duration probe.
+//! through [`crate::body_facts`], audio uploads through the multipart reader and the audio duration probe.
 
 use std::borrow::Cow;
 
 use axum::http::StatusCode;
 
 use super::{Facts, Route};
+use crate::body_facts::{audio_seconds, parse_json};
 use crate::error::{ApiError, ErrorCode};
-use crate::inspect::{audio_seconds, parse_json};
 use crate::multipart;
 
 /// Reads the request's facts, or the 4xx that explains why the body is not acceptable. `ctype`:
@@ -25,7 +25,7 @@ pub(super) fn inspect<'a>(
 
 fn inspect_json<'a>(
     route: Route,
-    json_route: crate::inspect::JsonRoute,
+    json_route: crate::body_facts::JsonRoute,
     ctype: &str,
     body: &'a [u8],
 ) -> Result<Facts<'a>, ApiError> {

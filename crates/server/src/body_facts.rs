@@ -1,6 +1,9 @@
 //! Reading what a request is before admission: JSON validity and nesting depth, the model name,
 //! streaming, output-token asks, an input-token estimate, and audio carried inside chat messages
 //! (OpenAI `input_audio` parts and `audio_url` data URLs, as VibeVoice's vLLM plugin takes it).
+//!
+//! Named `body_facts` (it was `inspect`) so it does not read as the `headroom-inspect` crate,
+//! which inspects models (what `--model` names), not request bodies.
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
