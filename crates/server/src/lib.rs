@@ -9,6 +9,7 @@ pub mod audio;
 pub mod balancer;
 pub mod body_facts;
 pub mod body_memory;
+mod closed;
 pub mod config;
 pub mod error;
 pub mod headers;

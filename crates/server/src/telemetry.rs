@@ -164,8 +164,8 @@ impl Telemetry {
     }
 
     /// Counts one client connection the gateway closed itself.
-    pub(crate) fn connection_closed(&self, why: crate::listen::due::Closed) {
-        let i = crate::listen::due::Closed::ALL
+    pub(crate) fn connection_closed(&self, why: crate::closed::Closed) {
+        let i = crate::closed::Closed::ALL
             .iter()
             .position(|c| *c == why)
             .unwrap_or(0);

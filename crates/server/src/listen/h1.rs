@@ -29,9 +29,10 @@ use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::due::{self, Closed, Wait};
+use super::due::{self, Wait};
 use super::slots::Held;
 use crate::app::{self, AppState, Shared};
+use crate::closed::Closed;
 use crate::request::{Reply, Route};
 use crate::upstream::wire::{Forwarded, header_line, list_tokens};
 

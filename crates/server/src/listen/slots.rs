@@ -13,7 +13,7 @@ use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::due::Closed;
+use crate::closed::Closed;
 use crate::telemetry::Telemetry;
 
 /// Longest the accept loop waits for a connection to end when it can take no new one.
