@@ -17,8 +17,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::app::AppState;
 use crate::config::{ConfigError, key_err};
+use crate::state::AppState;
 
 /// The `[balancer]` table as written.
 #[derive(Debug, Default, Deserialize)]
@@ -206,7 +206,7 @@ impl Signals {
 /// The lanes the gate yields to (audio): their work makes the box "audio busy".
 fn yield_targets(s: &AppState) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for lane in &s.config.lanes {
+    for lane in &s.core.config.lanes {
         for t in &lane.spec.yield_to {
             if !out.contains(t) {
                 out.push(t.clone());
@@ -220,7 +220,7 @@ fn yield_targets(s: &AppState) -> Vec<String> {
 /// admitted rate, and which lanes can serve (each upstream's `/health`, with the interval as its
 /// timeout, and passive health).
 pub async fn signal_loop(s: Arc<AppState>) {
-    let interval = s.config.balancer.interval;
+    let interval = s.core.config.balancer.interval;
     let targets = yield_targets(&s);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -228,8 +228,8 @@ pub async fn signal_loop(s: Arc<AppState>) {
     let mut rps = 0.0;
     loop {
         tick.tick().await;
-        let readiness = crate::app::lane_readiness(&s, interval).await;
-        let snapshot = s.gate.snapshot();
+        let readiness = crate::readiness::lane_readiness(&s, interval).await;
+        let snapshot = s.core.gate.snapshot();
         let now = Instant::now();
         let admitted: u64 = snapshot.lanes.iter().map(|l| l.admitted).sum();
         if let Some((then, before)) = last {

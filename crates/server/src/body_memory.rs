@@ -3,7 +3,7 @@
 //! (a body of unknown size reserves as it arrives), and gives the reservation back when the
 //! request ends. Past the cap a request waits, within a bound, for others to end; the reading of
 //! its body never starts before it holds room for it, so uploads refused or queued cannot pile up
-//! on the heap.
+//! on the heap. Also the machine's memory size, which the default cap is sized to.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -139,6 +139,19 @@ impl Drop for Reserved<'_> {
             self.memory.freed.notify_waiters();
         }
     }
+}
+
+/// The machine's memory (`MemTotal` of `/proc/meminfo`), when it can be read.
+pub fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]

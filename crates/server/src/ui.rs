@@ -563,9 +563,9 @@ pub async fn sample_loop(ui: Arc<UiState>, gate: headroom_gate::Gate, telemetry:
 }
 
 /// The page's document now, with the box's backends when `headroom up` runs this gateway.
-fn current_view(s: &crate::app::AppState) -> UiView {
-    let mut view = s.ui.view(&s.gate.snapshot(), &s.pool_names);
-    if let Some(provider) = s.box_provider.get()
+fn current_view(s: &crate::state::AppState) -> UiView {
+    let mut view = s.ui.view(&s.core.gate.snapshot(), &s.pool_names);
+    if let Some(provider) = s.core.box_provider.get()
         && let Ok(report) = serde_json::to_value(provider.report())
     {
         view.extras.insert("box".to_string(), report);
@@ -575,7 +575,7 @@ fn current_view(s: &crate::app::AppState) -> UiView {
 
 /// `GET /ui`: the page, rendered with the current figures.
 pub(crate) async fn serve_page(
-    axum::extract::State(s): axum::extract::State<crate::app::Shared>,
+    axum::extract::State(s): axum::extract::State<crate::state::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let view = current_view(&s);
@@ -596,7 +596,7 @@ pub(crate) async fn serve_page(
 
 /// `GET /ui/state`: the page's JSON document.
 pub(crate) async fn serve_state(
-    axum::extract::State(s): axum::extract::State<crate::app::Shared>,
+    axum::extract::State(s): axum::extract::State<crate::state::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let view = current_view(&s);
@@ -625,7 +625,7 @@ pub(crate) fn basic_key_matches(headers: &axum::http::HeaderMap, keys: &[String]
     let Some(colon) = decoded.iter().position(|&b| b == b':') else {
         return false;
     };
-    crate::app::key_matches(&decoded[colon + 1..], keys)
+    crate::edge::key_matches(&decoded[colon + 1..], keys)
 }
 
 /// 401 that makes a browser ask for the key (as the Basic password).

@@ -18,8 +18,8 @@ use futures_util::StreamExt;
 
 use super::asked::Asked;
 use super::lane::Targets;
-use crate::app::AppState;
 use crate::body_memory::Reserved;
+use crate::core_state::Core;
 use crate::error::{ApiError, ErrorCode};
 use crate::telemetry::BODY_MEMORY_WAITS_TOTAL;
 
@@ -93,7 +93,7 @@ fn no_body_memory(cap: u64) -> ApiError {
 /// `arrival`) of the candidate lanes, with its room under `max_body_memory` reserved first;
 /// the reservation is the request's to hold until it ends.
 pub(super) async fn read<'s>(
-    s: &'s AppState,
+    s: &'s Core,
     body: Body,
     asked: &Asked<'_>,
     targets: &Targets<'_>,

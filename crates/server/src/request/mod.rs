@@ -6,6 +6,7 @@
 mod admit;
 mod asked;
 mod body;
+mod fallback;
 mod forward;
 mod lane;
 mod limits;
@@ -13,7 +14,6 @@ mod preempt;
 mod respond;
 mod rewrite;
 mod validate;
-
 use std::borrow::Cow;
 use std::pin::Pin;
 
@@ -22,9 +22,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::time::{Instant, Sleep};
 
 use self::asked::Asked;
-use crate::app::Shared;
 use crate::body_facts::JsonRoute;
 use crate::config::LaneConfig;
+use crate::core_state::Core;
 use crate::error::ApiError;
 use crate::proxy::Flight;
 use crate::upstream::wire::Forwarded;
@@ -159,7 +159,7 @@ pub(crate) type Timer<'t> = Option<Pin<&'t mut Sleep>>;
 
 /// Serves one proxied request, step by step. `timer`: the connection's, when it has one.
 pub(crate) async fn handle(
-    s: Shared,
+    s: std::sync::Arc<Core>,
     route: Route,
     req: Request,
     mut timer: Timer<'_>,
@@ -179,7 +179,7 @@ pub(crate) async fn handle(
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes.clone());
     let deadline = admit::deadline(arrival, lane, asked.timeout);
     // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
-    if let Some(e) = crate::admin_box::unavailable(&s, lane.name(), &lane.config.spec.upstreams) {
+    if let Some(e) = s.backend_unavailable(lane.name(), &lane.config.spec.upstreams) {
         s.telemetry.outcome(lane.name(), "backend_unavailable");
         return Err(e);
     }
