@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::http::HeaderValue;
 use headroom_gate::{BoxLoad, box_load};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
@@ -176,18 +177,28 @@ impl Signal {
     }
 }
 
-/// The shared, last refreshed signal.
+/// The shared, last refreshed signal, and its ORCA header value built at the refresh (every
+/// response carries it when `[balancer] load_header` is on: it is cloned, never formatted, per
+/// response).
 #[derive(Debug)]
 pub struct Signals {
     current: Mutex<Signal>,
+    orca: Mutex<Option<HeaderValue>>,
 }
 
 impl Default for Signals {
     fn default() -> Self {
+        let signal = Signal::initial();
         Signals {
-            current: Mutex::new(Signal::initial()),
+            orca: Mutex::new(orca_header(&signal)),
+            current: Mutex::new(signal),
         }
     }
+}
+
+/// The ORCA header value of a signal (`None` if it were no valid header value).
+fn orca_header(signal: &Signal) -> Option<HeaderValue> {
+    HeaderValue::from_str(&signal.orca_value()).ok()
 }
 
 impl Signals {
@@ -198,8 +209,15 @@ impl Signals {
             .clone()
     }
 
+    /// The last refresh's ORCA header value.
+    pub fn orca(&self) -> Option<HeaderValue> {
+        self.orca.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     fn set(&self, signal: Signal) {
+        let orca = orca_header(&signal);
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = signal;
+        *self.orca.lock().unwrap_or_else(|p| p.into_inner()) = orca;
     }
 }
 
@@ -334,6 +352,19 @@ mod tests {
             "{v}"
         );
         assert!(fields.contains(&"named_metrics.queue_depth=3"), "{v}");
+    }
+
+    #[test]
+    fn the_orca_header_is_built_at_the_refresh() {
+        let signals = Signals::default();
+        assert_eq!(
+            signals.orca().unwrap(),
+            Signal::initial().orca_value().as_str()
+        );
+        let mut s = signal(0.5);
+        s.rps = 3.0;
+        signals.set(s.clone());
+        assert_eq!(signals.orca().unwrap(), s.orca_value().as_str());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -178,7 +178,7 @@ fn overload_status(s: &AppState, response: Response) -> Response {
 /// Adds the ORCA load report to every response when `[balancer] load_header` is on.
 fn load_header(s: &AppState, mut response: Response) -> Response {
     if s.core.config.balancer.load_header
-        && let Ok(v) = HeaderValue::from_str(&s.balancer.get().orca_value())
+        && let Some(v) = s.balancer.orca()
     {
         response.headers_mut().insert(crate::headers::ORCA, v);
     }
