@@ -15,10 +15,10 @@ use crate::audio::{AudioProbe, base64_decode, probe};
 use crate::error::{ApiError, ErrorCode};
 
 /// Deepest JSON nesting accepted (serde_json's own limit is 128).
-pub const MAX_JSON_DEPTH: usize = 64;
+pub(crate) const MAX_JSON_DEPTH: usize = 64;
 
 /// Characters per token in the stated input-token estimate used without a tokenizer.
-pub const CHARS_PER_TOKEN: usize = 4;
+pub(crate) const CHARS_PER_TOKEN: usize = 4;
 
 /// Which JSON route a body was posted to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub struct SpeechAsk {
 }
 
 /// The `speed` range OpenAI's speech API takes.
-pub const SPEECH_SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
+pub(crate) const SPEECH_SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
 
 fn speech_ask(input: &str, speed: Option<&Value>) -> Result<SpeechAsk, ApiError> {
     let chars = input.chars().count() as u64;
@@ -418,7 +418,7 @@ impl<'de> serde::Deserialize<'de> for Content<'de> {
 }
 
 /// Nesting depth of a JSON text, ignoring brackets inside strings. Stops counting past `limit`.
-pub fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
+pub(crate) fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
     // Nesting never exceeds the number of opening brackets: a body with few of them (nearly
     // every request) is cleared by this count, which the compiler vectorises, without the
     // byte-by-byte walk below.
@@ -656,7 +656,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
 }
 
 /// Roles the chat API knows (OpenAI's `ChatCompletionMessageParam` union).
-pub const CHAT_ROLES: &[&str] = &[
+pub(crate) const CHAT_ROLES: &[&str] = &[
     "system",
     "developer",
     "user",
@@ -755,13 +755,13 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
 }
 
 /// The stated estimate used without a tokenizer: characters / [`CHARS_PER_TOKEN`], rounded up.
-pub fn estimate_tokens<T: AsRef<str>>(texts: &[T]) -> u64 {
+pub(crate) fn estimate_tokens<T: AsRef<str>>(texts: &[T]) -> u64 {
     let chars: usize = texts.iter().map(|t| t.as_ref().chars().count()).sum();
     chars.div_ceil(CHARS_PER_TOKEN) as u64
 }
 
 /// The text the cleanup fallback works on: the last user message's text.
-pub fn last_user_text(value: &Value) -> String {
+pub(crate) fn last_user_text(value: &Value) -> String {
     let Some(messages) = value.get("messages").and_then(Value::as_array) else {
         return String::new();
     };

@@ -32,6 +32,7 @@ impl BodyMemory {
         self.cap
     }
 
+    #[cfg(test)]
     /// Bytes reserved now.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)

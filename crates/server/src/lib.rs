@@ -6,16 +6,16 @@
 pub(crate) mod admin;
 pub mod admin_box;
 pub mod audio;
-pub mod balancer;
+pub(crate) mod balancer;
 pub mod body_facts;
-pub mod body_memory;
+pub(crate) mod body_memory;
 mod closed;
 pub mod config;
 pub(crate) mod core_state;
 pub(crate) mod edge;
-pub mod error;
-pub mod headers;
-pub mod health;
+pub(crate) mod error;
+pub(crate) mod headers;
+pub(crate) mod health;
 pub mod listen;
 pub mod memory_config;
 pub mod memory_feed;
@@ -23,17 +23,17 @@ pub(crate) mod metrics;
 pub mod multipart;
 pub mod pause;
 pub mod pools;
-pub mod proxy;
+pub(crate) mod proxy;
 pub(crate) mod readiness;
 mod request;
-pub mod retry_watch;
+pub(crate) mod retry_watch;
 pub(crate) mod router;
 pub mod scrape;
 pub(crate) mod state;
 pub mod stderr;
 pub mod telemetry;
 pub mod tokens;
-pub mod ui;
+pub(crate) mod ui;
 pub mod upstream;
 
 use std::future::Future;
@@ -48,7 +48,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
-pub use error::ApiError;
 pub use memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// Why the gateway could not start.

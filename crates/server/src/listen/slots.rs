@@ -22,7 +22,7 @@ const ROOM_WAIT: Duration = Duration::from_millis(100);
 const SAY_EVERY: Duration = Duration::from_secs(60);
 
 /// The soft limit on open files (`RLIMIT_NOFILE`), or `None` when there is none.
-pub fn open_file_limit() -> Option<u64> {
+pub(crate) fn open_file_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 

@@ -136,7 +136,7 @@ struct Idle {
 }
 
 /// An upstream address with its pool of idle connections.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     address: String,
     host: String,
     port: u16,
@@ -181,11 +181,13 @@ impl Endpoint {
         &self.host_header
     }
 
+    #[cfg(test)]
     /// Connections opened so far.
     pub fn connects(&self) -> u64 {
         self.connects.load(Ordering::Relaxed)
     }
 
+    #[cfg(test)]
     /// Requests sent again on a fresh connection after a pooled one turned out stale.
     pub fn stale_resends(&self) -> u64 {
         self.stale_resends.load(Ordering::Relaxed)
@@ -195,6 +197,7 @@ impl Endpoint {
         self.stale_resends.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[cfg(test)]
     /// Idle connections in the pool now.
     pub fn idle_count(&self) -> usize {
         self.lock().len()

@@ -63,7 +63,7 @@ fn poll_head(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<wire::Head, U
 }
 
 /// An upstream response: its head, and its body still to read through the connection.
-pub struct UpstreamResponse {
+pub(crate) struct UpstreamResponse {
     status: StatusCode,
     forwarded: Forwarded,
     /// The declared body length (`Content-Length`), if the body is sized.
@@ -78,11 +78,6 @@ pub struct UpstreamResponse {
 impl UpstreamResponse {
     pub fn status(&self) -> StatusCode {
         self.status
-    }
-
-    /// The end-to-end header fields, for the client.
-    pub fn forwarded(&self) -> &Forwarded {
-        &self.forwarded
     }
 
     /// Moves the end-to-end header fields out (none are left).
