@@ -102,7 +102,7 @@ impl BalancerTable {
 
 /// What the balancer is told, refreshed every `interval`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Signal {
+pub(crate) struct Signal {
     pub load: BoxLoad,
     /// Requests admitted per second over the last refresh.
     pub rps: f64,
@@ -141,7 +141,7 @@ impl Signal {
 
     /// One line of HAProxy's agent-check protocol: `drain` while shutting down, `down#why` when
     /// no lane can serve, else `up ready W%` (`up` and `ready` undo an earlier `down`/`drain`).
-    pub fn agent_line(&self) -> String {
+    pub(crate) fn agent_line(&self) -> String {
         if self.load.draining {
             return "drain#shutting down\n".to_string();
         }
@@ -157,7 +157,7 @@ impl Signal {
     /// The ORCA load report in Envoy's TEXT form: `TEXT key=value,…` with the box figure as
     /// `application_utilization`, admitted requests per second as `rps_fractional`, and the parts
     /// as `named_metrics.*`.
-    pub fn orca_value(&self) -> String {
+    pub(crate) fn orca_value(&self) -> String {
         let mut fields = vec![
             format!("application_utilization={:.4}", self.load.figure),
             format!("rps_fractional={:.3}", self.rps),
@@ -181,7 +181,7 @@ impl Signal {
 /// response carries it when `[balancer] load_header` is on: it is cloned, never formatted, per
 /// response).
 #[derive(Debug)]
-pub struct Signals {
+pub(crate) struct Signals {
     current: Mutex<Signal>,
     orca: Mutex<Option<HeaderValue>>,
 }
@@ -202,7 +202,7 @@ fn orca_header(signal: &Signal) -> Option<HeaderValue> {
 }
 
 impl Signals {
-    pub fn get(&self) -> Signal {
+    pub(crate) fn get(&self) -> Signal {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -210,7 +210,7 @@ impl Signals {
     }
 
     /// The last refresh's ORCA header value.
-    pub fn orca(&self) -> Option<HeaderValue> {
+    pub(crate) fn orca(&self) -> Option<HeaderValue> {
         self.orca.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -237,7 +237,7 @@ fn yield_targets(s: &AppState) -> Vec<String> {
 /// Refreshes the signal every `interval`, forever: the load figure from the gate's snapshot, the
 /// admitted rate, and which lanes can serve (each upstream's `/health`, with the interval as its
 /// timeout, and passive health).
-pub async fn signal_loop(s: Arc<AppState>) {
+pub(crate) async fn signal_loop(s: Arc<AppState>) {
     let interval = s.core.config.balancer.interval;
     let targets = yield_targets(&s);
     let mut tick = tokio::time::interval(interval);
@@ -280,12 +280,12 @@ pub async fn signal_loop(s: Arc<AppState>) {
 }
 
 /// Binds the agent-check listener.
-pub async fn bind_agent(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind_agent(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
 /// Answers HAProxy's agent checks: each connection gets one line, then the socket is closed.
-pub async fn agent_loop(listener: TcpListener, s: Arc<AppState>) {
+pub(crate) async fn agent_loop(listener: TcpListener, s: Arc<AppState>) {
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -71,7 +71,7 @@ pub(crate) async fn answer(s: Arc<Core>, route: Route, req: Request, timer: Time
 }
 
 /// Compares a presented key with every configured key without early exit.
-pub fn key_matches(presented: &[u8], keys: &[String]) -> bool {
+pub(crate) fn key_matches(presented: &[u8], keys: &[String]) -> bool {
     let mut any = 0u8;
     for key in keys {
         let key = key.as_bytes();

@@ -26,7 +26,7 @@ pub struct ApiError {
 /// Marks a response made from a lane-full refusal, carrying the error to answer it again with
 /// another status (`[balancer] overload_status`).
 #[derive(Debug, Clone)]
-pub struct LaneFull(pub ApiError);
+pub(crate) struct LaneFull(pub ApiError);
 
 impl ApiError {
     pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> ApiError {
@@ -205,7 +205,7 @@ fn memory_figures(m: &headroom_gate::MemoryShortfall) -> String {
 }
 
 /// Retry-After in whole seconds (at least 1) and retry-after-ms (at least 1).
-pub fn retry_after_values(d: Duration) -> (u64, u64) {
+pub(crate) fn retry_after_values(d: Duration) -> (u64, u64) {
     let ms = (d.as_millis() as u64).max(1);
     (ms.div_ceil(1000).max(1), ms)
 }
@@ -393,12 +393,12 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// `code` as a metric label: itself when it is one of the gateway's own, else `other`.
-pub fn code_label(code: &str) -> &'static str {
+pub(crate) fn code_label(code: &str) -> &'static str {
     ErrorCode::own(code).map_or("other", ErrorCode::as_str)
 }
 
 /// Turns an upstream error body of any shape into OpenAI's, keeping the upstream status.
-pub fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
+pub(crate) fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
     let text = String::from_utf8_lossy(body);
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let pick = |v: &Value| -> Option<(String, Option<String>, Option<String>)> {

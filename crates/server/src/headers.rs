@@ -3,24 +3,24 @@
 
 /// The prefix of the gateway's own fields; a client's never cross to the upstream, and an
 /// upstream's give way to the gateway's on the way back.
-pub const OWN_PREFIX: &str = "x-headroom-";
+pub(crate) const OWN_PREFIX: &str = "x-headroom-";
 /// A client may send it to shorten its own deadline (milliseconds).
-pub const TIMEOUT: &str = "x-headroom-timeout-ms";
+pub(crate) const TIMEOUT: &str = "x-headroom-timeout-ms";
 /// The lane a request wants; on a response, the lane that served it.
-pub const LANE: &str = "x-headroom-lane";
+pub(crate) const LANE: &str = "x-headroom-lane";
 /// Names a client when it has no `Authorization` (for early-retry accounting).
-pub const CLIENT: &str = "x-headroom-client";
+pub(crate) const CLIENT: &str = "x-headroom-client";
 /// Marks a fallback answer (the rule-based cleanup).
-pub const FALLBACK: &str = "x-headroom-fallback";
+pub(crate) const FALLBACK: &str = "x-headroom-fallback";
 /// How long the request waited in its lane's queue (milliseconds).
-pub const QUEUE_WAIT: &str = "x-headroom-queue-wait-ms";
+pub(crate) const QUEUE_WAIT: &str = "x-headroom-queue-wait-ms";
 /// How long a preempted request waited for its upstream to settle (milliseconds).
-pub const PREEMPT_SETTLE: &str = "x-headroom-preempt-settle-ms";
+pub(crate) const PREEMPT_SETTLE: &str = "x-headroom-preempt-settle-ms";
 /// The audio length the gateway measured or estimated (seconds).
-pub const AUDIO_DURATION: &str = "x-headroom-audio-duration";
+pub(crate) const AUDIO_DURATION: &str = "x-headroom-audio-duration";
 /// Retry-After in whole seconds (RFC 9110).
-pub const RETRY_AFTER: &str = "retry-after";
+pub(crate) const RETRY_AFTER: &str = "retry-after";
 /// Retry-After in milliseconds (OpenAI's clients read it).
-pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+pub(crate) const RETRY_AFTER_MS: &str = "retry-after-ms";
 /// The response header Envoy reads ORCA load reports from.
-pub const ORCA: &str = "endpoint-load-metrics";
+pub(crate) const ORCA: &str = "endpoint-load-metrics";

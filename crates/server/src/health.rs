@@ -11,7 +11,7 @@ use crate::config::ServeConfig;
 use crate::state::AppState;
 
 /// How often each upstream's `/health` is asked.
-pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// How long one answer may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 

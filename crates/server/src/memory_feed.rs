@@ -60,7 +60,7 @@ pub(crate) struct MemoryFeed {
 impl MemoryFeed {
     /// Starts the thread and waits for its first reading (at most `stale_after`, so a probe
     /// that hangs from the start delays start-up by that much and no more).
-    pub fn start(setup: FeedSetup) -> std::io::Result<MemoryFeed> {
+    pub(crate) fn start(setup: FeedSetup) -> std::io::Result<MemoryFeed> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let wait = setup.memory.stale_after;
@@ -97,7 +97,7 @@ impl MemoryFeed {
 
     /// Stops the thread and waits for it, unless the probe hangs: then it is left to finish its
     /// call on its own (it holds nothing but the probe).
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let Some(t) = self.thread.take() else { return };
         // The last save happens on the way out: give a healthy probe a few periods to finish.

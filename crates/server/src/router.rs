@@ -20,7 +20,7 @@ use crate::state::Shared;
 /// Builds the router for a gateway. The server ([`crate::listen`]) sends `POST`s on the
 /// proxied routes to [`proxied`] without it; the router still serves them (through the same
 /// function) for anyone who mounts it on its own, and answers their other methods with 405.
-pub fn router(state: Shared) -> Router {
+pub(crate) fn router(state: Shared) -> Router {
     let proxied = |route: Route| {
         post(move |State(s): State<Shared>, req: Request| async move {
             answer(s.core.clone(), route, req, None)

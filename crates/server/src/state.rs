@@ -10,7 +10,7 @@ use crate::core_state::Core;
 use crate::telemetry::Telemetry;
 
 /// Shared state of one gateway.
-pub struct AppState {
+pub(crate) struct AppState {
     /// What the request path reads.
     pub(crate) core: Arc<Core>,
     /// The status page's ring of samples (`/ui`).

@@ -42,7 +42,8 @@ pub(crate) const MEMORY_HIDDEN_BYTES: &str = "headroom_memory_unseen_reserved_by
 pub(crate) const MEMORY_RESERVATIONS: &str = "headroom_memory_reservations";
 /// A lane's memory need per job and per audio second, by `source`: configured, learned, in_force.
 pub(crate) const LANE_MEMORY_PER_JOB_BYTES: &str = "headroom_lane_memory_per_job_bytes";
-pub(crate) const LANE_MEMORY_PER_AUDIO_SECOND_BYTES: &str = "headroom_lane_memory_per_audio_second_bytes";
+pub(crate) const LANE_MEMORY_PER_AUDIO_SECOND_BYTES: &str =
+    "headroom_lane_memory_per_audio_second_bytes";
 /// Jobs whose peak the lane has measured since start.
 pub(crate) const LANE_MEMORY_MEASURED_JOBS: &str = "headroom_lane_memory_measured_jobs";
 pub(crate) const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
@@ -50,7 +51,8 @@ pub(crate) const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_w
 pub(crate) const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
 /// Unix time of the last good scrape of an engine's `/metrics`, per upstream (alerting on
 /// staleness: `time() - …`).
-pub(crate) const UPSTREAM_LAST_SCRAPE_TIMESTAMP: &str = "headroom_upstream_last_scrape_timestamp_seconds";
+pub(crate) const UPSTREAM_LAST_SCRAPE_TIMESTAMP: &str =
+    "headroom_upstream_last_scrape_timestamp_seconds";
 /// 1 per lane, with its `kind` (`audio` or `text`), for dashboards and alert rules to join on.
 pub(crate) const LANE_INFO: &str = "headroom_lane_info";
 /// Lane settings, published once at start so `headroom doctor --metrics` can judge the figures

@@ -24,9 +24,9 @@ use crate::error::{ApiError, ErrorCode};
 use crate::telemetry::BODY_MEMORY_WAITS_TOTAL;
 
 /// Most bytes of an oversize body read and thrown away before the 413 is sent.
-pub const MAX_DRAIN_BYTES: u64 = 256 * 1024 * 1024;
+pub(super) const MAX_DRAIN_BYTES: u64 = 256 * 1024 * 1024;
 /// Longest time spent reading and throwing away an oversize body.
-pub const MAX_DRAIN_TIME: Duration = Duration::from_secs(5);
+pub(super) const MAX_DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// 413 naming the limit.
 pub(super) fn too_large(limit: u64) -> ApiError {

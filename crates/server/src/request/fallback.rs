@@ -13,7 +13,7 @@ use crate::body_facts::last_user_text;
 use crate::core_state::Core;
 
 /// The `model` of a fallback answer: the rule-based cleanup, not the requested LLM.
-pub const FALLBACK_MODEL: &str = "headroom-rule-based-cleanup";
+pub(super) const FALLBACK_MODEL: &str = "headroom-rule-based-cleanup";
 
 /// The rule-based cleanup answer given instead of the LLM's when a lane's policy falls back.
 pub(crate) fn fallback_response(

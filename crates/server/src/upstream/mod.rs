@@ -69,7 +69,7 @@ pub(crate) enum UpstreamError {
 
 impl UpstreamError {
     /// The upstream could not be reached at all.
-    pub fn is_connect(&self) -> bool {
+    pub(crate) fn is_connect(&self) -> bool {
         matches!(
             self,
             UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. }
@@ -86,7 +86,7 @@ impl UpstreamError {
 
     /// Whether no byte of the request reached the wire: it could not connect, or the write
     /// failed before its first byte. Such a request may go anywhere else, whatever it is.
-    pub fn unsent(&self) -> bool {
+    pub(crate) fn unsent(&self) -> bool {
         match self {
             UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
             UpstreamError::Io { written, .. } => !written,
@@ -104,7 +104,7 @@ impl UpstreamError {
     /// the upstream let the connection go, the keep-alive race that llama.cpp's server makes
     /// after every stream. (A clean close is no such sign: an engine that read the request and
     /// then died closes the same way as one that closed an idle connection.)
-    pub fn reset_unread(&self) -> bool {
+    pub(crate) fn reset_unread(&self) -> bool {
         use std::io::ErrorKind::*;
         matches!(self, UpstreamError::Io { source, answered: false, .. }
             if matches!(source.kind(), ConnectionReset | ConnectionAborted | BrokenPipe))
@@ -114,7 +114,7 @@ impl UpstreamError {
     /// closed or reset under it. The upstream may have run it (an engine that read it and then
     /// died looks the same as one that closed a kept-alive connection as the request arrived),
     /// so only a request that may run twice is sent elsewhere after this.
-    pub fn unanswered(&self) -> bool {
+    pub(crate) fn unanswered(&self) -> bool {
         match self {
             UpstreamError::Closed { answered } => !answered,
             other => other.reset_unread() || other.unsent(),
@@ -124,7 +124,7 @@ impl UpstreamError {
     /// Whether a request that failed this way may go to another replica: when none of it was
     /// written, or, for a request that may run twice (`idempotent`), when no response byte came
     /// back.
-    pub fn may_reroute(&self, idempotent: bool) -> bool {
+    pub(crate) fn may_reroute(&self, idempotent: bool) -> bool {
         self.unsent() || (idempotent && self.unanswered())
     }
 
