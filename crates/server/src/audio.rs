@@ -316,7 +316,7 @@ fn mp3(d: &[u8]) -> Option<f64> {
 }
 
 /// Decodes standard or URL-safe base64 (padding optional). `None` on any other character.
-pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len() * 3 / 4);
     let mut acc: u32 = 0;
     let mut bits = 0;

@@ -11,17 +11,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::http::HeaderValue;
 use headroom_gate::{BoxLoad, box_load};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
-use crate::app::AppState;
 use crate::config::{ConfigError, key_err};
-
-/// Response header Envoy reads ORCA load reports from.
-pub const ORCA_HEADER: &str = "endpoint-load-metrics";
+use crate::state::AppState;
 
 /// The `[balancer]` table as written.
 #[derive(Debug, Default, Deserialize)]
@@ -104,7 +102,7 @@ impl BalancerTable {
 
 /// What the balancer is told, refreshed every `interval`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Signal {
+pub(crate) struct Signal {
     pub load: BoxLoad,
     /// Requests admitted per second over the last refresh.
     pub rps: f64,
@@ -143,7 +141,7 @@ impl Signal {
 
     /// One line of HAProxy's agent-check protocol: `drain` while shutting down, `down#why` when
     /// no lane can serve, else `up ready W%` (`up` and `ready` undo an earlier `down`/`drain`).
-    pub fn agent_line(&self) -> String {
+    pub(crate) fn agent_line(&self) -> String {
         if self.load.draining {
             return "drain#shutting down\n".to_string();
         }
@@ -159,7 +157,7 @@ impl Signal {
     /// The ORCA load report in Envoy's TEXT form: `TEXT key=value,…` with the box figure as
     /// `application_utilization`, admitted requests per second as `rps_fractional`, and the parts
     /// as `named_metrics.*`.
-    pub fn orca_value(&self) -> String {
+    pub(crate) fn orca_value(&self) -> String {
         let mut fields = vec![
             format!("application_utilization={:.4}", self.load.figure),
             format!("rps_fractional={:.3}", self.rps),
@@ -179,37 +177,54 @@ impl Signal {
     }
 }
 
-/// The shared, last refreshed signal.
+/// The shared, last refreshed signal, and its ORCA header value built at the refresh (every
+/// response carries it when `[balancer] load_header` is on: it is cloned, never formatted, per
+/// response).
 #[derive(Debug)]
-pub struct Signals {
+pub(crate) struct Signals {
     current: Mutex<Signal>,
+    orca: Mutex<Option<HeaderValue>>,
 }
 
 impl Default for Signals {
     fn default() -> Self {
+        let signal = Signal::initial();
         Signals {
-            current: Mutex::new(Signal::initial()),
+            orca: Mutex::new(orca_header(&signal)),
+            current: Mutex::new(signal),
         }
     }
 }
 
+/// The ORCA header value of a signal (`None` if it were no valid header value).
+fn orca_header(signal: &Signal) -> Option<HeaderValue> {
+    HeaderValue::from_str(&signal.orca_value()).ok()
+}
+
 impl Signals {
-    pub fn get(&self) -> Signal {
+    pub(crate) fn get(&self) -> Signal {
         self.current
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
+    /// The last refresh's ORCA header value.
+    pub(crate) fn orca(&self) -> Option<HeaderValue> {
+        self.orca.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     fn set(&self, signal: Signal) {
+        let orca = orca_header(&signal);
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = signal;
+        *self.orca.lock().unwrap_or_else(|p| p.into_inner()) = orca;
     }
 }
 
 /// The lanes the gate yields to (audio): their work makes the box "audio busy".
 fn yield_targets(s: &AppState) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for lane in &s.config.lanes {
+    for lane in &s.core.config.lanes {
         for t in &lane.spec.yield_to {
             if !out.contains(t) {
                 out.push(t.clone());
@@ -222,8 +237,8 @@ fn yield_targets(s: &AppState) -> Vec<String> {
 /// Refreshes the signal every `interval`, forever: the load figure from the gate's snapshot, the
 /// admitted rate, and which lanes can serve (each upstream's `/health`, with the interval as its
 /// timeout, and passive health).
-pub async fn signal_loop(s: Arc<AppState>) {
-    let interval = s.config.balancer.interval;
+pub(crate) async fn signal_loop(s: Arc<AppState>) {
+    let interval = s.core.config.balancer.interval;
     let targets = yield_targets(&s);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -231,8 +246,8 @@ pub async fn signal_loop(s: Arc<AppState>) {
     let mut rps = 0.0;
     loop {
         tick.tick().await;
-        let readiness = crate::app::lane_readiness(&s, interval).await;
-        let snapshot = s.gate.snapshot();
+        let readiness = crate::readiness::lane_readiness(&s, interval).await;
+        let snapshot = s.core.gate.snapshot();
         let now = Instant::now();
         let admitted: u64 = snapshot.lanes.iter().map(|l| l.admitted).sum();
         if let Some((then, before)) = last {
@@ -265,12 +280,12 @@ pub async fn signal_loop(s: Arc<AppState>) {
 }
 
 /// Binds the agent-check listener.
-pub async fn bind_agent(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind_agent(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
 /// Answers HAProxy's agent checks: each connection gets one line, then the socket is closed.
-pub async fn agent_loop(listener: TcpListener, s: Arc<AppState>) {
+pub(crate) async fn agent_loop(listener: TcpListener, s: Arc<AppState>) {
     loop {
         let Ok((mut socket, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -337,6 +352,19 @@ mod tests {
             "{v}"
         );
         assert!(fields.contains(&"named_metrics.queue_depth=3"), "{v}");
+    }
+
+    #[test]
+    fn the_orca_header_is_built_at_the_refresh() {
+        let signals = Signals::default();
+        assert_eq!(
+            signals.orca().unwrap(),
+            Signal::initial().orca_value().as_str()
+        );
+        let mut s = signal(0.5);
+        s.rps = 3.0;
+        signals.set(s.clone());
+        assert_eq!(signals.orca().unwrap(), s.orca_value().as_str());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (a body of unknown size reserves as it arrives), and gives the reservation back when the
 //! request ends. Past the cap a request waits, within a bound, for others to end; the reading of
 //! its body never starts before it holds room for it, so uploads refused or queued cannot pile up
-//! on the heap.
+//! on the heap. Also the machine's memory size, which the default cap is sized to.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The gateway's body-memory budget.
-pub struct BodyMemory {
+pub(crate) struct BodyMemory {
     cap: u64,
     held: AtomicU64,
     waiting: AtomicUsize,
@@ -19,7 +19,7 @@ pub struct BodyMemory {
 }
 
 impl BodyMemory {
-    pub fn new(cap: u64) -> BodyMemory {
+    pub(crate) fn new(cap: u64) -> BodyMemory {
         BodyMemory {
             cap,
             held: AtomicU64::new(0),
@@ -28,12 +28,13 @@ impl BodyMemory {
         }
     }
 
-    pub fn cap(&self) -> u64 {
+    pub(crate) fn cap(&self) -> u64 {
         self.cap
     }
 
+    #[cfg(test)]
     /// Bytes reserved now.
-    pub fn held(&self) -> u64 {
+    pub(crate) fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
 
@@ -57,7 +58,7 @@ impl BodyMemory {
     }
 
     /// An empty reservation, to grow as a body arrives.
-    pub fn empty(&self) -> Reserved<'_> {
+    pub(crate) fn empty(&self) -> Reserved<'_> {
         Reserved {
             memory: self,
             bytes: 0,
@@ -90,7 +91,7 @@ impl BodyMemory {
 }
 
 /// Bytes of the budget held by one request; given back on drop.
-pub struct Reserved<'a> {
+pub(crate) struct Reserved<'a> {
     memory: &'a BodyMemory,
     bytes: u64,
 }
@@ -98,7 +99,7 @@ pub struct Reserved<'a> {
 impl Reserved<'_> {
     /// Reserves `more` bytes, waiting at most until `until`. `false` when they did not fit in
     /// time (or never can: more than the whole cap).
-    pub async fn grow(&mut self, more: u64, until: Instant) -> bool {
+    pub(crate) async fn grow(&mut self, more: u64, until: Instant) -> bool {
         if more == 0 {
             return true;
         }
@@ -113,7 +114,7 @@ impl Reserved<'_> {
     }
 
     /// Whether `more` bytes fit without waiting; reserves them if they do.
-    pub fn try_grow(&mut self, more: u64) -> bool {
+    pub(crate) fn try_grow(&mut self, more: u64) -> bool {
         if more == 0 {
             return true;
         }
@@ -124,7 +125,7 @@ impl Reserved<'_> {
         true
     }
 
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 }
@@ -139,6 +140,19 @@ impl Drop for Reserved<'_> {
             self.memory.freed.notify_waiters();
         }
     }
+}
+
+/// The machine's memory (`MemTotal` of `/proc/meminfo`), when it can be read.
+pub(crate) fn mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 #[cfg(test)]

@@ -26,15 +26,15 @@ pub struct ApiError {
 /// Marks a response made from a lane-full refusal, carrying the error to answer it again with
 /// another status (`[balancer] overload_status`).
 #[derive(Debug, Clone)]
-pub struct LaneFull(pub ApiError);
+pub(crate) struct LaneFull(pub ApiError);
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
             param: None,
-            code: code.to_string(),
+            code: code.as_str().to_string(),
             retry_after: None,
             close: false,
             lane_full: false,
@@ -47,7 +47,11 @@ impl ApiError {
         self
     }
 
-    pub fn bad_request(code: &str, param: Option<&str>, message: impl Into<String>) -> ApiError {
+    pub fn bad_request(
+        code: ErrorCode,
+        param: Option<&str>,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, message).with_param(param)
     }
 
@@ -111,7 +115,7 @@ impl ApiError {
             status,
             message,
             param: None,
-            code: r.reason.code().to_string(),
+            code: ErrorCode::of_rejection(r.reason).as_str().to_string(),
             retry_after: Some(r.retry_after),
             close: false,
             lane_full: status == StatusCode::TOO_MANY_REQUESTS,
@@ -132,7 +136,7 @@ impl ApiError {
     pub fn preempted(lane: &str) -> ApiError {
         let mut e = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "preempted",
+            ErrorCode::Preempted,
             format!(
                 "lane `{lane}` stopped this request to make room for higher-priority work; retry shortly"
             ),
@@ -145,7 +149,7 @@ impl ApiError {
     pub fn cut() -> ApiError {
         let mut e = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
+            ErrorCode::ShuttingDown,
             "the gateway is shutting down and its shutdown_grace ran out before this request finished; retry",
         )
         .closing();
@@ -156,7 +160,7 @@ impl ApiError {
     pub fn deadline(lane: &str, timeout: Duration) -> ApiError {
         ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
-            "deadline",
+            ErrorCode::Deadline,
             format!(
                 "lane `{lane}`: the request did not finish within its deadline of {} ms",
                 timeout.as_millis()
@@ -201,7 +205,7 @@ fn memory_figures(m: &headroom_gate::MemoryShortfall) -> String {
 }
 
 /// Retry-After in whole seconds (at least 1) and retry-after-ms (at least 1).
-pub fn retry_after_values(d: Duration) -> (u64, u64) {
+pub(crate) fn retry_after_values(d: Duration) -> (u64, u64) {
     let ms = (d.as_millis() as u64).max(1);
     (ms.div_ceil(1000).max(1), ms)
 }
@@ -215,8 +219,8 @@ impl IntoResponse for ApiError {
         if let Some(d) = self.retry_after {
             let (secs, ms) = retry_after_values(d);
             let headers = response.headers_mut();
-            headers.insert("retry-after", HeaderValue::from(secs));
-            headers.insert("retry-after-ms", HeaderValue::from(ms));
+            headers.insert(crate::headers::RETRY_AFTER, HeaderValue::from(secs));
+            headers.insert(crate::headers::RETRY_AFTER_MS, HeaderValue::from(ms));
         }
         if self.close {
             response.headers_mut().insert(
@@ -228,55 +232,173 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Every `code` the gateway itself answers with (gate refusal codes come from the gate). Metric
-/// labels take a code only from this list: an upstream's own codes, any string it chose, count
-/// as `other`, so an upstream cannot grow `/metrics` without bound.
-pub const OWN_CODES: &[&str] = &[
-    "audio_too_long",
-    "backend_unavailable",
-    "body_memory_full",
-    "body_read_error",
-    "body_timeout",
-    "body_too_large",
-    "deadline",
-    "headers_too_large",
-    "input_too_long",
-    "invalid_api_key",
-    "invalid_audio_encoding",
-    "invalid_json",
-    "invalid_multipart",
-    "invalid_type",
-    "invalid_value",
-    "json_too_deep",
-    "max_tokens_too_large",
-    "method_not_allowed",
-    "missing_field",
-    "missing_file",
-    "missing_host",
-    "missing_model",
-    "model_not_found",
-    "preempted",
-    "shutting_down",
-    "unknown_lane",
-    "unknown_route",
-    "unsupported_audio",
-    "unsupported_media_type",
-    "upstream_error",
-    "upstream_stream_error",
-    "upstream_unreachable",
-];
+/// Every `code` the gateway itself answers with: its own refusals and errors, and the gate's
+/// refusals ([`ErrorCode::of_rejection`]). An upstream's error keeps the upstream's own code
+/// (a string), so [`ApiError::code`] stays a string; metric labels take a code only from the
+/// gateway's own ([`code_label`]): an upstream's codes count as `other`, so an upstream cannot
+/// grow `/metrics` without bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    AudioTooLong,
+    BackendUnavailable,
+    BodyMemoryFull,
+    BodyReadError,
+    BodyTimeout,
+    BodyTooLarge,
+    Deadline,
+    HeadersTooLarge,
+    InputTooLong,
+    InvalidApiKey,
+    InvalidAudioEncoding,
+    InvalidJson,
+    InvalidMultipart,
+    InvalidType,
+    InvalidValue,
+    JsonTooDeep,
+    MaxTokensTooLarge,
+    MethodNotAllowed,
+    MissingField,
+    MissingFile,
+    MissingHost,
+    MissingModel,
+    ModelNotFound,
+    Preempted,
+    ShuttingDown,
+    UnknownLane,
+    UnknownRoute,
+    UnsupportedAudio,
+    UnsupportedMediaType,
+    UpstreamError,
+    UpstreamStreamError,
+    UpstreamUnreachable,
+    // The gate's refusals (`headroom_gate::RejectReason::code`; `shutting_down` is above).
+    LaneQueueFull,
+    LaneSaturated,
+    GpuMemory,
+    HostMemory,
+    EngineSaturated,
+    LaneYielding,
+    DeviceSaturated,
+    QueueTimeout,
+}
 
-/// `code` as a metric label: itself when it is one of the gateway's own, else `other`.
-pub fn code_label(code: &str) -> &str {
-    if OWN_CODES.contains(&code) {
-        code
-    } else {
-        "other"
+impl ErrorCode {
+    /// The gateway's own codes (not the gate's): the ones metric labels keep.
+    pub const OWN: [ErrorCode; 32] = [
+        ErrorCode::AudioTooLong,
+        ErrorCode::BackendUnavailable,
+        ErrorCode::BodyMemoryFull,
+        ErrorCode::BodyReadError,
+        ErrorCode::BodyTimeout,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::Deadline,
+        ErrorCode::HeadersTooLarge,
+        ErrorCode::InputTooLong,
+        ErrorCode::InvalidApiKey,
+        ErrorCode::InvalidAudioEncoding,
+        ErrorCode::InvalidJson,
+        ErrorCode::InvalidMultipart,
+        ErrorCode::InvalidType,
+        ErrorCode::InvalidValue,
+        ErrorCode::JsonTooDeep,
+        ErrorCode::MaxTokensTooLarge,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::MissingField,
+        ErrorCode::MissingFile,
+        ErrorCode::MissingHost,
+        ErrorCode::MissingModel,
+        ErrorCode::ModelNotFound,
+        ErrorCode::Preempted,
+        ErrorCode::ShuttingDown,
+        ErrorCode::UnknownLane,
+        ErrorCode::UnknownRoute,
+        ErrorCode::UnsupportedAudio,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::UpstreamError,
+        ErrorCode::UpstreamStreamError,
+        ErrorCode::UpstreamUnreachable,
+    ];
+
+    /// The `code` string the client reads.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::AudioTooLong => "audio_too_long",
+            ErrorCode::BackendUnavailable => "backend_unavailable",
+            ErrorCode::BodyMemoryFull => "body_memory_full",
+            ErrorCode::BodyReadError => "body_read_error",
+            ErrorCode::BodyTimeout => "body_timeout",
+            ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::Deadline => "deadline",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
+            ErrorCode::InputTooLong => "input_too_long",
+            ErrorCode::InvalidApiKey => "invalid_api_key",
+            ErrorCode::InvalidAudioEncoding => "invalid_audio_encoding",
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidMultipart => "invalid_multipart",
+            ErrorCode::InvalidType => "invalid_type",
+            ErrorCode::InvalidValue => "invalid_value",
+            ErrorCode::JsonTooDeep => "json_too_deep",
+            ErrorCode::MaxTokensTooLarge => "max_tokens_too_large",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::MissingField => "missing_field",
+            ErrorCode::MissingFile => "missing_file",
+            ErrorCode::MissingHost => "missing_host",
+            ErrorCode::MissingModel => "missing_model",
+            ErrorCode::ModelNotFound => "model_not_found",
+            ErrorCode::Preempted => "preempted",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::UnknownLane => "unknown_lane",
+            ErrorCode::UnknownRoute => "unknown_route",
+            ErrorCode::UnsupportedAudio => "unsupported_audio",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::UpstreamError => "upstream_error",
+            ErrorCode::UpstreamStreamError => "upstream_stream_error",
+            ErrorCode::UpstreamUnreachable => "upstream_unreachable",
+            ErrorCode::LaneQueueFull => "lane_queue_full",
+            ErrorCode::LaneSaturated => "lane_saturated",
+            ErrorCode::GpuMemory => "gpu_memory",
+            ErrorCode::HostMemory => "host_memory",
+            ErrorCode::EngineSaturated => "engine_saturated",
+            ErrorCode::LaneYielding => "lane_yielding",
+            ErrorCode::DeviceSaturated => "device_saturated",
+            ErrorCode::QueueTimeout => "queue_timeout",
+        }
+    }
+
+    /// The gateway's own code spelled `code`, if it is one.
+    pub fn own(code: &str) -> Option<ErrorCode> {
+        ErrorCode::OWN.into_iter().find(|c| c.as_str() == code)
+    }
+
+    /// The code of a gate refusal.
+    pub fn of_rejection(reason: RejectReason) -> ErrorCode {
+        match reason {
+            RejectReason::QueueFull => ErrorCode::LaneQueueFull,
+            RejectReason::Saturated => ErrorCode::LaneSaturated,
+            RejectReason::GpuMemory => ErrorCode::GpuMemory,
+            RejectReason::HostMemory => ErrorCode::HostMemory,
+            RejectReason::EngineSaturated => ErrorCode::EngineSaturated,
+            RejectReason::Yielding => ErrorCode::LaneYielding,
+            RejectReason::DeviceSaturated => ErrorCode::DeviceSaturated,
+            RejectReason::QueueTimeout => ErrorCode::QueueTimeout,
+            RejectReason::ShuttingDown => ErrorCode::ShuttingDown,
+        }
     }
 }
 
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `code` as a metric label: itself when it is one of the gateway's own, else `other`.
+pub(crate) fn code_label(code: &str) -> &'static str {
+    ErrorCode::own(code).map_or("other", ErrorCode::as_str)
+}
+
 /// Turns an upstream error body of any shape into OpenAI's, keeping the upstream status.
-pub fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
+pub(crate) fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
     let text = String::from_utf8_lossy(body);
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let pick = |v: &Value| -> Option<(String, Option<String>, Option<String>)> {
@@ -326,7 +448,7 @@ pub fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
         status,
         message,
         param,
-        code: code.unwrap_or_else(|| "upstream_error".to_string()),
+        code: code.unwrap_or_else(|| ErrorCode::UpstreamError.as_str().to_string()),
         retry_after: None,
         close: false,
         lane_full: false,
@@ -487,12 +609,30 @@ mod tests {
                 for code in code.split(['`', '/', ' ']).filter(|c| !c.is_empty()) {
                     if code.chars().all(|c| c.is_ascii_lowercase() || c == '_') && code != "code" {
                         assert!(
-                            OWN_CODES.contains(&code),
-                            "{code} is missing from OWN_CODES"
+                            ErrorCode::own(code).is_some(),
+                            "{code} is missing from ErrorCode"
                         );
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn gate_refusal_codes_are_the_gates_own() {
+        use RejectReason::*;
+        for r in [
+            QueueFull,
+            Saturated,
+            GpuMemory,
+            HostMemory,
+            EngineSaturated,
+            Yielding,
+            DeviceSaturated,
+            QueueTimeout,
+            ShuttingDown,
+        ] {
+            assert_eq!(ErrorCode::of_rejection(r).as_str(), r.code());
         }
     }
 

@@ -1,20 +1,21 @@
 //! The upstreams' `GET /health`, asked in the background every [`CHECK_INTERVAL`] and kept for
 //! `/readyz`, so a probe of the gateway (a load balancer may send several a second) never turns
-//! into a call to each upstream. Also the machine's memory size, for defaults sized to it.
+//! into a call to each upstream.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::app::AppState;
+use crate::config::ServeConfig;
+use crate::state::AppState;
 
 /// How often each upstream's `/health` is asked.
-pub const CHECK_INTERVAL: Duration = Duration::from_millis(500);
+pub(crate) const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// How long one answer may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The last answers, by upstream in [`crate::app::upstream_list_of`]'s order (`None` before the
+/// The last answers, by upstream in [`upstream_list_of`]'s order (`None` before the
 /// first round: nothing is known yet).
 pub(crate) struct HealthCache {
     count: usize,
@@ -59,25 +60,46 @@ impl HealthCache {
 
 /// Asks every upstream's `/health` every [`CHECK_INTERVAL`], forever (the gateway aborts it).
 pub(crate) async fn check_loop(s: std::sync::Arc<AppState>) {
-    let upstreams = crate::app::upstream_list_of(&s.config);
+    let upstreams = upstream_list_of(&s.core.config);
     let mut tick = tokio::time::interval(CHECK_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let statuses = crate::app::probe_upstreams(&s, &upstreams, CHECK_TIMEOUT).await;
+        let statuses = probe_upstreams(&s.core.client, &upstreams, CHECK_TIMEOUT).await;
         s.health.set(statuses);
     }
 }
 
-/// The machine's memory (`MemTotal` of `/proc/meminfo`), when it can be read.
-pub fn mem_total() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+/// Every distinct upstream of the configuration, in the order lanes name them.
+pub(crate) fn upstream_list_of(config: &ServeConfig) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for l in &config.lanes {
+        for u in &l.spec.upstreams {
+            if !all.contains(u) {
+                all.push(u.clone());
+            }
+        }
+    }
+    all
+}
+
+/// Each upstream's `GET /health` (any HTTP status means the process is up) within `timeout`,
+/// in the order of [`upstream_list_of`].
+pub(crate) async fn probe_upstreams(
+    client: &reqwest::Client,
+    upstreams: &[String],
+    timeout: Duration,
+) -> Vec<Option<u16>> {
+    let checks = upstreams.iter().map(|u| {
+        let client = client.clone();
+        let url = format!("{u}/health");
+        async move {
+            tokio::time::timeout(timeout, client.get(url).send())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|r| r.status().as_u16())
+        }
+    });
+    futures_util::future::join_all(checks).await
 }

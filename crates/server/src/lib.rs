@@ -3,29 +3,37 @@
 //! engine metrics scraped, Prometheus `/metrics` and the `/admin/lanes` snapshot. Admission
 //! logic itself lives in the gate; this crate only turns HTTP into gate inputs and back.
 
+pub(crate) mod admin;
 pub mod admin_box;
-pub mod app;
 pub mod audio;
-pub mod balancer;
-pub mod body_memory;
+pub(crate) mod balancer;
+pub mod body_facts;
+pub(crate) mod body_memory;
+mod closed;
 pub mod config;
-pub mod error;
-pub mod health;
-pub mod inspect;
+pub(crate) mod core_state;
+pub(crate) mod edge;
+pub(crate) mod error;
+pub(crate) mod headers;
+pub(crate) mod health;
 pub mod listen;
 pub mod memory_config;
 pub mod memory_feed;
+pub(crate) mod metrics;
 pub mod multipart;
 pub mod pause;
 pub mod pools;
-pub mod proxy;
+pub(crate) mod proxy;
+pub(crate) mod readiness;
 mod request;
-pub mod retry_watch;
+pub(crate) mod retry_watch;
+pub(crate) mod router;
 pub mod scrape;
+pub(crate) mod state;
 pub mod stderr;
 pub mod telemetry;
 pub mod tokens;
-pub mod ui;
+pub(crate) mod ui;
 pub mod upstream;
 
 use std::future::Future;
@@ -40,7 +48,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
-pub use error::ApiError;
 pub use memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// Why the gateway could not start.
@@ -55,9 +62,9 @@ pub enum ServeError {
     #[error("invalid lanes: {0}")]
     Gate(#[from] headroom_gate::GateError),
     #[error("cannot build the upstream HTTP client: {0}")]
-    Client(String),
+    Client(#[source] reqwest::Error),
     #[error("{0}")]
-    Tokenizer(String),
+    Tokenizer(#[source] tokens::LoadError),
     #[error("{0}")]
     Calibration(#[from] headroom_gpu::CalibrationError),
     #[error("server failed: {0}")]
@@ -66,7 +73,7 @@ pub enum ServeError {
 
 /// A gateway ready to serve on a bound listener.
 pub struct Gateway {
-    state: Arc<app::AppState>,
+    state: Arc<state::AppState>,
     probe: Option<Arc<dyn GpuProbe>>,
     /// The host pool whose members (the watched upstreams) the memory feed keeps current.
     pool: Option<HostPool>,
@@ -117,13 +124,13 @@ impl Gateway {
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .build()
-            .map_err(|e| ServeError::Client(e.to_string()))?;
+            .map_err(ServeError::Client)?;
         let names: Vec<&str> = config.lanes.iter().map(|l| l.spec.name.as_str()).collect();
         let telemetry = Arc::new(telemetry::Telemetry::for_lanes(&names));
         telemetry.describe_lanes(&config.lane_specs());
         telemetry.describe_lane_kinds(&config.lanes);
         Ok(Gateway {
-            state: Arc::new(app::AppState::new(config, gate, client, telemetry)),
+            state: Arc::new(state::AppState::new(config, gate, client, telemetry)),
             probe,
             pool,
             pause_hooks: Vec::new(),
@@ -146,7 +153,7 @@ impl Gateway {
     }
 
     fn memory_feed(&self) -> Result<Option<memory_feed::MemoryFeed>, ServeError> {
-        let config = &self.state.config;
+        let config = &self.state.core.config;
         let Some(probe) = self.probe.clone() else {
             return Ok(None);
         };
@@ -172,8 +179,8 @@ impl Gateway {
             memory: config.memory.clone(),
             owners,
             learn_lanes,
-            gate: self.state.gate.clone(),
-            telemetry: self.state.telemetry.clone(),
+            gate: self.state.core.gate.clone(),
+            telemetry: self.state.core.telemetry.clone(),
             names: self.state.pool_names.clone(),
         })
         .map(Some)
@@ -183,12 +190,12 @@ impl Gateway {
     /// Hands the gateway the supervisor's view of its backends (`/admin/box`, 503 while one
     /// restarts). Call before [`Gateway::serve`]; a second call is ignored.
     pub fn with_box(self, provider: Arc<dyn admin_box::BoxProvider>) -> Gateway {
-        let _ = self.state.box_provider.set(provider);
+        let _ = self.state.core.box_provider.set(provider);
         self
     }
 
     pub fn gate(&self) -> &Gate {
-        &self.state.gate
+        &self.state.core.gate
     }
 
     /// Serves on `listener` until `shutdown` resolves; then stops accepting, refuses new work
@@ -200,13 +207,14 @@ impl Gateway {
         let state = self.state.clone();
         let mut background = vec![tokio::spawn(
             state
+                .core
                 .telemetry
                 .clone()
                 .upkeep_loop(telemetry::UPKEEP_INTERVAL),
         )];
         let targets: Vec<scrape::ScrapeTarget> = {
             let mut t: Vec<scrape::ScrapeTarget> = Vec::new();
-            for lane in &state.config.lanes {
+            for lane in &state.core.config.lanes {
                 let Some(kind) = lane.engine else { continue };
                 for u in &lane.spec.upstreams {
                     if !t.iter().any(|x| &x.upstream == u) {
@@ -222,15 +230,15 @@ impl Gateway {
         };
         if !targets.is_empty() {
             background.push(tokio::spawn(scrape::scrape_loop(
-                state.client.clone(),
+                state.core.client.clone(),
                 targets,
-                state.gate.clone(),
-                state.telemetry.clone(),
-                state.config.scrape_interval,
-                state.config.scrape_timeout,
+                state.core.gate.clone(),
+                state.core.telemetry.clone(),
+                state.core.config.scrape_interval,
+                state.core.config.scrape_timeout,
             )));
         }
-        let pausing = pause::pausing_lanes(&state.gate, &state.config.lanes);
+        let pausing = pause::pausing_lanes(&state.core.gate, &state.core.config.lanes);
         let hook_of = |lane: &config::LaneConfig| {
             self.pause_hooks
                 .iter()
@@ -241,7 +249,7 @@ impl Gateway {
             background.push(match hook_of(lane) {
                 Some(hook) => tokio::spawn(pause::hook_loop(hook, signal.clone())),
                 None => tokio::spawn(pause::pause_loop(
-                    state.client.clone(),
+                    state.core.client.clone(),
                     lane.clone(),
                     signal.clone(),
                 )),
@@ -251,17 +259,17 @@ impl Gateway {
         if let (Some(probe), None) = (self.probe.clone(), &feed) {
             background.push(tokio::spawn(scrape::gpu_loop(
                 probe,
-                state.telemetry.clone(),
+                state.core.telemetry.clone(),
                 state.pool_names.clone(),
-                state.config.scrape_interval,
+                state.core.config.scrape_interval,
             )));
         }
         background.push(tokio::spawn(ui::sample_loop(
             state.ui.clone(),
-            state.gate.clone(),
-            state.telemetry.clone(),
+            state.core.gate.clone(),
+            state.core.telemetry.clone(),
         )));
-        let balancing = &state.config.balancer;
+        let balancing = &state.core.config.balancer;
         if balancing.agent_listen.is_some() || balancing.load_header {
             background.push(tokio::spawn(balancer::signal_loop(state.clone())));
         }
@@ -272,9 +280,9 @@ impl Gateway {
             background.push(tokio::spawn(balancer::agent_loop(agent, state.clone())));
         }
         background.push(tokio::spawn(health::check_loop(state.clone())));
-        let gate = state.gate.clone();
-        let grace = state.config.shutdown_grace;
-        let app = app::router(state.clone());
+        let gate = state.core.gate.clone();
+        let grace = state.core.config.shutdown_grace;
+        let app = router::router(state.clone());
         // Stops accepting at the shutdown, drains for `shutdown_grace`, then cuts what is left
         // (503 `shutting_down`, or a stream's error event) and returns.
         listen::serve(
@@ -296,7 +304,7 @@ impl Gateway {
         for (lane, _) in &pausing {
             match hook_of(lane) {
                 Some(hook) => hook(false),
-                None => pause::set_all(&state.client, lane, false).await,
+                None => pause::set_all(&state.core.client, lane, false).await,
             }
         }
         if let Some(feed) = feed {

@@ -31,10 +31,10 @@ const SAVE_EVERY: Duration = Duration::from_secs(2);
 pub const FEED_THREAD: &str = "headroom-memory";
 /// The thread that finds the processes listening on the watched upstreams' ports. Scanning
 /// every `/proc/*/fd` can take a while on a busy machine, so it never delays a reading.
-pub const WATCH_THREAD: &str = "headroom-watch";
+pub(crate) const WATCH_THREAD: &str = "headroom-watch";
 
 /// What the feed reads and where it pushes.
-pub struct FeedSetup {
+pub(crate) struct FeedSetup {
     pub probe: Arc<dyn GpuProbe>,
     /// The host pool whose members the feed keeps up to date (the watched upstreams).
     pub pool: Option<HostPool>,
@@ -51,7 +51,7 @@ pub struct FeedSetup {
 }
 
 /// The running feed; dropping it stops the thread after its current probe call.
-pub struct MemoryFeed {
+pub(crate) struct MemoryFeed {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     interval: Duration,
@@ -60,7 +60,7 @@ pub struct MemoryFeed {
 impl MemoryFeed {
     /// Starts the thread and waits for its first reading (at most `stale_after`, so a probe
     /// that hangs from the start delays start-up by that much and no more).
-    pub fn start(setup: FeedSetup) -> std::io::Result<MemoryFeed> {
+    pub(crate) fn start(setup: FeedSetup) -> std::io::Result<MemoryFeed> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let wait = setup.memory.stale_after;
@@ -97,7 +97,7 @@ impl MemoryFeed {
 
     /// Stops the thread and waits for it, unless the probe hangs: then it is left to finish its
     /// call on its own (it holds nothing but the probe).
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let Some(t) = self.thread.take() else { return };
         // The last save happens on the way out: give a healthy probe a few periods to finish.
@@ -314,7 +314,7 @@ fn save_changed(setup: &FeedSetup, saved: &mut HashMap<usize, LearnedNeed>) {
 }
 
 /// Writes learned needs into the calibration file's `learned` map (keeping everything else).
-pub fn save_learned(
+pub(crate) fn save_learned(
     path: &Path,
     memory: &MemoryConfig,
     learned: &[(usize, String, LearnedNeed)],
@@ -340,7 +340,7 @@ pub fn save_learned(
 /// Needs an older version learned above the level before each job (not the level the backend
 /// keeps between jobs) are left out, with a line saying so: they count what a backend keeps
 /// after its first job twice.
-pub fn load_learned(path: &Path) -> Result<Vec<(String, LearnedNeed)>, CalibrationError> {
+pub(crate) fn load_learned(path: &Path) -> Result<Vec<(String, LearnedNeed)>, CalibrationError> {
     let Some(calibration) = Calibration::load_if_present(path)? else {
         return Ok(Vec::new());
     };

@@ -29,7 +29,7 @@ pub enum MultipartError {
 }
 
 /// The boundary of a `multipart/form-data; boundary=...` content type; `None` for other types.
-pub fn boundary(content_type: &str) -> Option<Result<String, MultipartError>> {
+pub(crate) fn boundary(content_type: &str) -> Option<Result<String, MultipartError>> {
     let mut pieces = content_type.split(';');
     let mime = pieces.next()?.trim();
     if !mime.eq_ignore_ascii_case("multipart/form-data") {

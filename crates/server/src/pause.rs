@@ -24,7 +24,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 pub type PauseHook = std::sync::Arc<dyn Fn(bool) + Send + Sync>;
 
 /// [`pause_loop`] for a lane whose engines are paused through `hook`.
-pub async fn hook_loop(hook: PauseHook, mut paused: watch::Receiver<bool>) {
+pub(crate) async fn hook_loop(hook: PauseHook, mut paused: watch::Receiver<bool>) {
     loop {
         let now = *paused.borrow_and_update();
         hook(now);
@@ -35,7 +35,7 @@ pub async fn hook_loop(hook: PauseHook, mut paused: watch::Receiver<bool>) {
 }
 
 /// The lanes whose engines are paused rather than preempted, with their pause signal.
-pub fn pausing_lanes(
+pub(crate) fn pausing_lanes(
     gate: &Gate,
     lanes: &[LaneConfig],
 ) -> Vec<(LaneConfig, watch::Receiver<bool>)> {
@@ -48,7 +48,7 @@ pub fn pausing_lanes(
 
 /// Follows one lane's pause signal for ever, pausing or resuming every upstream of the lane on
 /// each change (and setting the current state, a resume, once at the start).
-pub async fn pause_loop(
+pub(crate) async fn pause_loop(
     client: reqwest::Client,
     lane: LaneConfig,
     mut paused: watch::Receiver<bool>,
@@ -63,7 +63,7 @@ pub async fn pause_loop(
 }
 
 /// Pauses (`true`) or resumes every upstream of `lane`, all at once.
-pub async fn set_all(client: &reqwest::Client, lane: &LaneConfig, pause: bool) {
+pub(crate) async fn set_all(client: &reqwest::Client, lane: &LaneConfig, pause: bool) {
     let calls = lane
         .spec
         .upstreams

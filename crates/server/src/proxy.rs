@@ -7,14 +7,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::http::{HeaderMap, HeaderName, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use futures_util::Stream;
 use headroom_gate::Permit;
 use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::telemetry::Telemetry;
 use crate::upstream::UpstreamResponse;
 
@@ -24,17 +24,17 @@ use crate::upstream::wire::hop_by_hop;
 /// `Connection` header lists (`listed`, from [`connection_listed`]), no host or length (the
 /// upstream client writes its own), no gateway headers, and no client Authorization when the
 /// gateway itself checked it.
-pub fn crosses_upstream(name: &str, listed: &[String], drop_authorization: bool) -> bool {
+pub(crate) fn crosses_upstream(name: &str, listed: &[String], drop_authorization: bool) -> bool {
     !(hop_by_hop(name)
         || name == "host"
         || name == "content-length"
-        || name.starts_with("x-headroom-")
+        || name.starts_with(crate::headers::OWN_PREFIX)
         || (drop_authorization && name == "authorization")
         || listed.iter().any(|l| l == name))
 }
 
 /// The header fields `connection` names (lowercase), each to be dropped at this hop.
-pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+pub(crate) fn connection_listed(headers: &HeaderMap) -> Vec<String> {
     headers
         .get_all(axum::http::header::CONNECTION)
         .iter()
@@ -47,7 +47,7 @@ pub fn connection_listed(headers: &HeaderMap) -> Vec<String> {
 
 /// One admitted request's bookkeeping: outcome counted and permit released exactly once, on
 /// whichever path ends it (including the client going away, which drops this).
-pub struct Flight {
+pub(crate) struct Flight {
     telemetry: Arc<Telemetry>,
     lane: usize,
     arrival: Instant,
@@ -56,7 +56,7 @@ pub struct Flight {
 }
 
 impl Flight {
-    pub fn new(telemetry: Arc<Telemetry>, arrival: Instant, permit: Permit) -> Flight {
+    pub(crate) fn new(telemetry: Arc<Telemetry>, arrival: Instant, permit: Permit) -> Flight {
         Flight {
             telemetry,
             lane: permit.lane_index(),
@@ -66,17 +66,17 @@ impl Flight {
         }
     }
 
-    pub fn lane(&self) -> &str {
+    pub(crate) fn lane(&self) -> &str {
         self.telemetry.lane_name(self.lane)
     }
 
     /// The held permit (until the flight finishes).
-    pub fn permit_mut(&mut self) -> Option<&mut Permit> {
+    pub(crate) fn permit_mut(&mut self) -> Option<&mut Permit> {
         self.permit.as_mut()
     }
 
     /// Records the outcome and releases the permit; later calls do nothing.
-    pub fn finish(&mut self, outcome: &str) {
+    pub(crate) fn finish(&mut self, outcome: &str) {
         if self.finished {
             return;
         }
@@ -116,7 +116,7 @@ impl Drop for Flight {
 }
 
 /// The response body handed to the client: upstream bytes as they arrive.
-pub struct Passthrough {
+pub(crate) struct Passthrough {
     inner: Option<UpstreamResponse>,
     flight: Flight,
     /// When the response must be done; its timer is armed only once the upstream makes the body
@@ -141,7 +141,7 @@ pub struct Passthrough {
 
 /// Whether an SSE stream whose last bytes were `tail` stands between two events (nothing sent
 /// yet, or the last event ended with a blank line).
-pub fn at_event_boundary(tail: &[u8]) -> bool {
+pub(crate) fn at_event_boundary(tail: &[u8]) -> bool {
     tail.is_empty()
         || tail.ends_with(b"\n\n")
         || tail.ends_with(b"\r\r")
@@ -152,7 +152,7 @@ pub fn at_event_boundary(tail: &[u8]) -> bool {
 /// The error event to append to an SSE stream that ends early: on its own, after a blank line
 /// that closes any event the upstream left half-sent, so a client never reads it glued to (and
 /// lost inside) the upstream's last event.
-pub fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
+pub(crate) fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
     let event = error.sse_event();
     if at_event_boundary(tail) {
         event
@@ -162,7 +162,7 @@ pub fn closing_error_event(tail: &[u8], error: &ApiError) -> String {
 }
 
 impl Passthrough {
-    pub fn new(
+    pub(crate) fn new(
         response: UpstreamResponse,
         flight: Flight,
         deadline: Instant,
@@ -188,7 +188,7 @@ impl Passthrough {
 
     /// Starts the stream with `first`, a result already read from the response, the body being
     /// `declared` bytes long as the upstream said before that read.
-    pub fn read_ahead(
+    pub(crate) fn read_ahead(
         mut self,
         first: Option<Result<Bytes, crate::upstream::UpstreamError>>,
         declared: Option<u64>,
@@ -201,14 +201,14 @@ impl Passthrough {
     }
 
     /// Ends the response with a `preempted` error (and cancels the upstream) when `waiter` fires.
-    pub fn preemptible(mut self, waiter: Option<Pin<Box<OwnedNotified>>>) -> Passthrough {
+    pub(crate) fn preemptible(mut self, waiter: Option<Pin<Box<OwnedNotified>>>) -> Passthrough {
         self.preempted = waiter;
         self
     }
 
     /// Ends the response with a `shutting_down` error when `cut` is set (the connection's task
     /// is woken then).
-    pub fn cut_by(mut self, cut: Arc<std::sync::atomic::AtomicBool>) -> Passthrough {
+    pub(crate) fn cut_by(mut self, cut: Arc<std::sync::atomic::AtomicBool>) -> Passthrough {
         self.cut = Some(cut);
         self
     }
@@ -279,7 +279,7 @@ impl Stream for Passthrough {
                 }
                 let e = ApiError::new(
                     StatusCode::BAD_GATEWAY,
-                    "upstream_stream_error",
+                    ErrorCode::UpstreamStreamError,
                     "the upstream connection failed in the middle of the response",
                 );
                 return this.end_with(e, "upstream_error");
@@ -318,11 +318,6 @@ impl Stream for Passthrough {
     }
 }
 
-/// A header name the gateway adds to responses.
-pub fn header(name: &'static str) -> HeaderName {
-    HeaderName::from_static(name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,7 +325,7 @@ mod tests {
 
     #[test]
     fn an_error_event_after_a_half_sent_event_is_framed_on_its_own() {
-        let e = ApiError::new(StatusCode::BAD_GATEWAY, "upstream_stream_error", "x");
+        let e = ApiError::new(StatusCode::BAD_GATEWAY, ErrorCode::UpstreamStreamError, "x");
         let whole = e.sse_event();
         assert_eq!(closing_error_event(b"", &e), whole);
         assert_eq!(closing_error_event(b"}\n\n", &e), whole);

@@ -14,19 +14,16 @@ use axum::http::HeaderValue;
 use tokio::time::Instant;
 
 /// Entries kept at most.
-pub const MAX_CLIENTS: usize = 4096;
-/// Header a client may send to be told apart when it has no API key.
-pub const CLIENT_HEADER: &str = "x-headroom-client";
-
+pub(crate) const MAX_CLIENTS: usize = 4096;
 /// Refusal deadlines by (lane, client hash).
 #[derive(Debug, Default)]
-pub struct RetryWatch {
+pub(crate) struct RetryWatch {
     until: Mutex<HashMap<(String, u64), Instant>>,
 }
 
-/// A hash of the client's identity (its `Authorization`, else its [`CLIENT_HEADER`]), when the
+/// A hash of the client's identity (its `Authorization`, else its [`crate::headers::CLIENT`]), when the
 /// request carries one.
-pub fn client_of(id: Option<&HeaderValue>) -> Option<u64> {
+pub(crate) fn client_of(id: Option<&HeaderValue>) -> Option<u64> {
     let bytes = id?.as_bytes();
     if bytes.is_empty() {
         return None;
@@ -38,7 +35,7 @@ pub fn client_of(id: Option<&HeaderValue>) -> Option<u64> {
 
 impl RetryWatch {
     /// Remembers that `client` was told to retry on `lane` after `retry_after`.
-    pub fn refused(&self, lane: &str, client: u64, retry_after: Duration, now: Instant) {
+    pub(crate) fn refused(&self, lane: &str, client: u64, retry_after: Duration, now: Instant) {
         let Ok(mut map) = self.until.lock() else {
             return;
         };
@@ -53,7 +50,7 @@ impl RetryWatch {
 
     /// True when `client` comes back to `lane` before the Retry-After it was given (the entry
     /// is consumed either way once looked at after its deadline).
-    pub fn arrives_early(&self, lane: &str, client: u64, now: Instant) -> bool {
+    pub(crate) fn arrives_early(&self, lane: &str, client: u64, now: Instant) -> bool {
         let Ok(mut map) = self.until.lock() else {
             return false;
         };

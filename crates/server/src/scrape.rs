@@ -27,7 +27,7 @@ pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
 pub const VLLM_KV_USAGE: [&str; 2] = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"];
 
 /// Sum of one metric over all its label sets (e.g. several `model_name`s); `None` when absent.
-pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric_sum(text: &str, name: &str) -> Option<f64> {
     metric_fold(text, name, |a, b| a + b)
 }
 
@@ -89,7 +89,7 @@ pub fn parse_engine_metrics(kind: EngineKind, text: &str, at: Instant) -> Option
 }
 
 /// Engine load from llama.cpp's `/slots` JSON: busy slots are running; nothing is known to wait.
-pub fn parse_llamacpp_slots(body: &str, at: Instant) -> Option<EngineLoad> {
+pub(crate) fn parse_llamacpp_slots(body: &str, at: Instant) -> Option<EngineLoad> {
     let slots: Value = serde_json::from_str(body).ok()?;
     let slots = slots.as_array()?;
     let busy = slots
@@ -113,7 +113,7 @@ pub fn parse_llamacpp_slots(body: &str, at: Instant) -> Option<EngineLoad> {
 
 /// One upstream whose engine metrics are read.
 #[derive(Debug, Clone)]
-pub struct ScrapeTarget {
+pub(crate) struct ScrapeTarget {
     pub upstream: String,
     pub kind: EngineKind,
     pub metrics_path: String,
@@ -153,7 +153,7 @@ pub(crate) async fn scrape_once(
 /// concurrently with the others, so one hung replica delays and stales only its own reading;
 /// a failed scrape leaves that replica's last reading to go stale (which the gate treats as
 /// saturated for that replica unless the lane says fail-open).
-pub async fn scrape_loop(
+pub(crate) async fn scrape_loop(
     client: reqwest::Client,
     targets: Vec<ScrapeTarget>,
     gate: Gate,
@@ -202,7 +202,7 @@ async fn scrape_target_loop(
 }
 
 /// Publishes GPU memory in use every `interval`.
-pub async fn gpu_loop(
+pub(crate) async fn gpu_loop(
     probe: Arc<dyn GpuProbe>,
     telemetry: Arc<Telemetry>,
     names: Arc<crate::pools::PoolNames>,

@@ -12,56 +12,58 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder
 use headroom_gate::GateSnapshot;
 use headroom_gate::LaneMemorySnapshot;
 
-pub const REQUESTS_TOTAL: &str = "headroom_requests_total";
-pub const LANE_INFLIGHT: &str = "headroom_lane_inflight";
-pub const LANE_QUEUE_DEPTH: &str = "headroom_lane_queue_depth";
-pub const QUEUE_WAIT_SECONDS: &str = "headroom_queue_wait_seconds";
+pub(crate) const REQUESTS_TOTAL: &str = "headroom_requests_total";
+pub(crate) const LANE_INFLIGHT: &str = "headroom_lane_inflight";
+pub(crate) const LANE_QUEUE_DEPTH: &str = "headroom_lane_queue_depth";
+pub(crate) const QUEUE_WAIT_SECONDS: &str = "headroom_queue_wait_seconds";
 pub const TTFT_SECONDS: &str = "headroom_ttft_seconds";
-pub const REQUEST_DURATION_SECONDS: &str = "headroom_request_duration_seconds";
-pub const REJECTIONS_TOTAL: &str = "headroom_rejections_total";
-pub const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
+pub(crate) const REQUEST_DURATION_SECONDS: &str = "headroom_request_duration_seconds";
+pub(crate) const REJECTIONS_TOTAL: &str = "headroom_rejections_total";
+pub(crate) const FALLBACKS_TOTAL: &str = "headroom_fallbacks_total";
 /// Requests from a client refused on the lane less than its Retry-After earlier (see
 /// `retry_watch`).
-pub const EARLY_RETRIES_TOTAL: &str = "headroom_early_retries_total";
+pub(crate) const EARLY_RETRIES_TOTAL: &str = "headroom_early_retries_total";
 /// Requests refused for their input (4xx other than 429), by error code.
-pub const BAD_REQUESTS_TOTAL: &str = "headroom_bad_requests_total";
+pub(crate) const BAD_REQUESTS_TOTAL: &str = "headroom_bad_requests_total";
 /// Client connections the gateway closed itself, by `reason`: `header_timeout`, `idle_timeout`,
 /// `send_timeout` (a client that stopped reading its response), `deadline` (the response's
 /// deadline passed while the client was slow to read it) and `shed` (idle, closed at the
 /// open-file limit to take a new client).
-pub const CONNECTIONS_CLOSED_TOTAL: &str = "headroom_connections_closed_total";
+pub(crate) const CONNECTIONS_CLOSED_TOTAL: &str = "headroom_connections_closed_total";
 /// Requests that waited for room under `max_body_memory` before their body was read, and those
 /// refused (503) when none came in time, by `outcome` (`waited`, `refused`).
-pub const BODY_MEMORY_WAITS_TOTAL: &str = "headroom_body_memory_waits_total";
-pub const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
+pub(crate) const BODY_MEMORY_WAITS_TOTAL: &str = "headroom_body_memory_waits_total";
+pub(crate) const GPU_MEMORY_USED_BYTES: &str = "headroom_gpu_memory_used_bytes";
 /// Memory ledger, per device: free in the last reading, reserved by admitted jobs, the part of
 /// that the reading does not show yet, and the number of reservations.
-pub const MEMORY_FREE_BYTES: &str = "headroom_memory_free_bytes";
-pub const MEMORY_RESERVED_BYTES: &str = "headroom_memory_reserved_bytes";
-pub const MEMORY_HIDDEN_BYTES: &str = "headroom_memory_unseen_reserved_bytes";
-pub const MEMORY_RESERVATIONS: &str = "headroom_memory_reservations";
+pub(crate) const MEMORY_FREE_BYTES: &str = "headroom_memory_free_bytes";
+pub(crate) const MEMORY_RESERVED_BYTES: &str = "headroom_memory_reserved_bytes";
+pub(crate) const MEMORY_HIDDEN_BYTES: &str = "headroom_memory_unseen_reserved_bytes";
+pub(crate) const MEMORY_RESERVATIONS: &str = "headroom_memory_reservations";
 /// A lane's memory need per job and per audio second, by `source`: configured, learned, in_force.
-pub const LANE_MEMORY_PER_JOB_BYTES: &str = "headroom_lane_memory_per_job_bytes";
-pub const LANE_MEMORY_PER_AUDIO_SECOND_BYTES: &str = "headroom_lane_memory_per_audio_second_bytes";
+pub(crate) const LANE_MEMORY_PER_JOB_BYTES: &str = "headroom_lane_memory_per_job_bytes";
+pub(crate) const LANE_MEMORY_PER_AUDIO_SECOND_BYTES: &str =
+    "headroom_lane_memory_per_audio_second_bytes";
 /// Jobs whose peak the lane has measured since start.
-pub const LANE_MEMORY_MEASURED_JOBS: &str = "headroom_lane_memory_measured_jobs";
-pub const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
-pub const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
-pub const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
+pub(crate) const LANE_MEMORY_MEASURED_JOBS: &str = "headroom_lane_memory_measured_jobs";
+pub(crate) const UPSTREAM_KV_CACHE_USAGE: &str = "headroom_upstream_kv_cache_usage";
+pub(crate) const UPSTREAM_REQUESTS_WAITING: &str = "headroom_upstream_requests_waiting";
+pub(crate) const UPSTREAM_REQUESTS_RUNNING: &str = "headroom_upstream_requests_running";
 /// Unix time of the last good scrape of an engine's `/metrics`, per upstream (alerting on
 /// staleness: `time() - …`).
-pub const UPSTREAM_LAST_SCRAPE_TIMESTAMP: &str = "headroom_upstream_last_scrape_timestamp_seconds";
+pub(crate) const UPSTREAM_LAST_SCRAPE_TIMESTAMP: &str =
+    "headroom_upstream_last_scrape_timestamp_seconds";
 /// 1 per lane, with its `kind` (`audio` or `text`), for dashboards and alert rules to join on.
-pub const LANE_INFO: &str = "headroom_lane_info";
+pub(crate) const LANE_INFO: &str = "headroom_lane_info";
 /// Lane settings, published once at start so `headroom doctor --metrics` can judge the figures
 /// against them: `max_inflight`, `max_queue`, `queue_timeout` (seconds), `policy` (label, value
 /// 1), `yield_to` (one series per lane yielded to, value 1) and `preempt` (0/1).
-pub const LANE_MAX_INFLIGHT: &str = "headroom_lane_max_inflight";
-pub const LANE_MAX_QUEUE: &str = "headroom_lane_max_queue";
-pub const LANE_QUEUE_TIMEOUT_SECONDS: &str = "headroom_lane_queue_timeout_seconds";
-pub const LANE_POLICY: &str = "headroom_lane_policy";
-pub const LANE_YIELDS_TO: &str = "headroom_lane_yields_to";
-pub const LANE_PREEMPT: &str = "headroom_lane_preempt";
+pub(crate) const LANE_MAX_INFLIGHT: &str = "headroom_lane_max_inflight";
+pub(crate) const LANE_MAX_QUEUE: &str = "headroom_lane_max_queue";
+pub(crate) const LANE_QUEUE_TIMEOUT_SECONDS: &str = "headroom_lane_queue_timeout_seconds";
+pub(crate) const LANE_POLICY: &str = "headroom_lane_policy";
+pub(crate) const LANE_YIELDS_TO: &str = "headroom_lane_yields_to";
+pub(crate) const LANE_PREEMPT: &str = "headroom_lane_preempt";
 
 const SECONDS_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -73,7 +75,7 @@ static METADATA: Metadata<'static> =
 /// How often recorded histogram samples are folded into buckets when nobody scrapes. Between two
 /// upkeeps the raw samples wait in a lock-free list (8 bytes each), so this bounds that list to
 /// what one interval's traffic records.
-pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Request outcomes the gateway counts; any other outcome is registered on use.
 const OUTCOMES: &[&str] = &[
     "ok",
@@ -164,8 +166,8 @@ impl Telemetry {
     }
 
     /// Counts one client connection the gateway closed itself.
-    pub(crate) fn connection_closed(&self, why: crate::listen::due::Closed) {
-        let i = crate::listen::due::Closed::ALL
+    pub(crate) fn connection_closed(&self, why: crate::closed::Closed) {
+        let i = crate::closed::Closed::ALL
             .iter()
             .position(|c| *c == why)
             .unwrap_or(0);

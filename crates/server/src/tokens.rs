@@ -1,9 +1,18 @@
 //! Input-token counting with a model's own `tokenizer.json` (Hugging Face `tokenizers`), used for
 //! a lane's `max_input_tokens` when the lane names a tokenizer; otherwise the gateway uses the
-//! stated estimate in [`crate::inspect::estimate_tokens`].
+//! stated estimate in [`crate::body_facts::estimate_tokens`].
 
 use std::path::Path;
 use std::sync::Arc;
+
+/// A `tokenizer.json` that could not be loaded: the file and the tokenizer library's reason.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot load tokenizer {}: {source}", path.display())]
+pub struct LoadError {
+    pub path: std::path::PathBuf,
+    #[source]
+    pub source: tokenizers::Error,
+}
 
 /// A loaded tokenizer, cheap to clone.
 #[derive(Clone)]
@@ -19,9 +28,11 @@ impl std::fmt::Debug for TokenCounter {
 
 impl TokenCounter {
     /// Loads a `tokenizer.json`; the error names the file and the reason.
-    pub fn load(path: &Path) -> Result<TokenCounter, String> {
-        let tokenizer = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| format!("cannot load tokenizer {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<TokenCounter, LoadError> {
+        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|source| LoadError {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(TokenCounter {
             tokenizer: Arc::new(tokenizer),
         })
@@ -63,7 +74,7 @@ mod tests {
         assert_eq!(t.count(&["hello world, again".into()]).unwrap(), 4);
         assert_eq!(t.count(&["a b c".into(), "d".into()]).unwrap(), 4);
         std::fs::write(&path, "{not json").unwrap();
-        let err = TokenCounter::load(&path).unwrap_err();
+        let err = TokenCounter::load(&path).unwrap_err().to_string();
         assert!(err.contains("tokenizer.json"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -13,6 +13,7 @@ use headroom_gate::GateSnapshot;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::error::ErrorCode;
 use crate::pools::PoolNames;
 use crate::telemetry::{
     GPU_MEMORY_USED_BYTES, QUEUE_WAIT_SECONDS, REJECTIONS_TOTAL, REQUESTS_TOTAL, Telemetry,
@@ -20,7 +21,7 @@ use crate::telemetry::{
 };
 
 /// How often the page's ring takes a sample.
-pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 /// Samples kept: ten minutes at one a second, plus the one the oldest rate is taken against.
 const RING: usize = 601;
 /// Window for the rates of 429 and 503 answers.
@@ -46,7 +47,7 @@ struct LaneCounts {
 
 /// One engine behind a lane, as the gateway last scraped it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct EngineView {
+pub(crate) struct EngineView {
     pub upstream: String,
     pub kv_cache_usage: Option<f64>,
     pub running: Option<f64>,
@@ -65,10 +66,10 @@ struct Sample {
 
 /// Extra JSON documents the page shows when the process has them (`/admin/box` under `up`, the
 /// memory ledger): each a function returning the current document.
-pub type Provider = Arc<dyn Fn() -> Option<Value> + Send + Sync>;
+pub(crate) type Provider = Arc<dyn Fn() -> Option<Value> + Send + Sync>;
 
 /// The page's ring of samples and optional providers.
-pub struct UiState {
+pub(crate) struct UiState {
     ring: Mutex<VecDeque<Sample>>,
     providers: Vec<(&'static str, Provider)>,
 }
@@ -81,7 +82,7 @@ impl Default for UiState {
 
 impl UiState {
     /// An empty ring; `providers` name extra documents (e.g. `("box", …)`).
-    pub fn new(providers: Vec<(&'static str, Provider)>) -> UiState {
+    pub(crate) fn new(providers: Vec<(&'static str, Provider)>) -> UiState {
         UiState {
             ring: Mutex::new(VecDeque::with_capacity(RING)),
             providers,
@@ -89,7 +90,7 @@ impl UiState {
     }
 
     /// Takes one sample from the gate's snapshot and the rendered exposition text.
-    pub fn record(&self, snapshot: &GateSnapshot, exposition: &str) {
+    pub(crate) fn record(&self, snapshot: &GateSnapshot, exposition: &str) {
         let sample = sample_from(snapshot, exposition, unix_ms());
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         if ring.len() == RING {
@@ -101,7 +102,7 @@ impl UiState {
     /// The page's JSON document, computed from the ring (rates over the last ten seconds,
     /// quantiles over the last minute) and the current gate snapshot for limits; `names` names
     /// the memory pools.
-    pub fn view(&self, snapshot: &GateSnapshot, names: &PoolNames) -> UiView {
+    pub(crate) fn view(&self, snapshot: &GateSnapshot, names: &PoolNames) -> UiView {
         let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let extras = self
             .providers
@@ -121,7 +122,7 @@ fn unix_ms() -> u64 {
 
 /// One lane as the page shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LaneView {
+pub(crate) struct LaneView {
     pub name: String,
     pub policy: String,
     pub inflight: usize,
@@ -145,7 +146,7 @@ pub struct LaneView {
 
 /// What holds the head of a lane's queue, as the page shows it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct WaitingView {
+pub(crate) struct WaitingView {
     /// The refusal code of the head's last check (`host_memory`, `lane_yielding`, ...).
     pub reason: String,
     /// For memory: the pool (by name) and the figures the check compared.
@@ -160,7 +161,7 @@ pub struct WaitingView {
 
 /// One memory pool as the page shows it: the ledger's figures and the pool's name.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct PoolView {
+pub(crate) struct PoolView {
     pub name: String,
     #[serde(flatten)]
     pub pool: headroom_gate::PoolSnapshot,
@@ -168,7 +169,7 @@ pub struct PoolView {
 
 /// Rejections of one code on one lane.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct RejectionView {
+pub(crate) struct RejectionView {
     pub lane: String,
     pub code: String,
     pub status: u16,
@@ -178,14 +179,14 @@ pub struct RejectionView {
 
 /// One point of the memory chart.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct MemoryPoint {
+pub(crate) struct MemoryPoint {
     pub unix_ms: u64,
     pub used_bytes: f64,
 }
 
 /// The whole page document (`GET /ui/state`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct UiView {
+pub(crate) struct UiView {
     /// When the newest sample was taken (0 before the first); the page calls data stale when
     /// this stops moving.
     pub sampled_unix_ms: u64,
@@ -309,7 +310,7 @@ fn sample_from(snapshot: &GateSnapshot, exposition: &str, unix_ms: u64) -> Sampl
 
 /// The quantile `q` of a histogram given as cumulative buckets, interpolated linearly inside
 /// the bucket it falls in (Prometheus's `histogram_quantile` rule); `None` without observations.
-pub fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+pub(crate) fn bucket_quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     let total = buckets.last()?.1;
     if total <= 0.0 {
         return None;
@@ -550,7 +551,11 @@ fn build_view(
 }
 
 /// Samples the gateway once a second, forever.
-pub async fn sample_loop(ui: Arc<UiState>, gate: headroom_gate::Gate, telemetry: Arc<Telemetry>) {
+pub(crate) async fn sample_loop(
+    ui: Arc<UiState>,
+    gate: headroom_gate::Gate,
+    telemetry: Arc<Telemetry>,
+) {
     let mut tick = tokio::time::interval(SAMPLE_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -562,9 +567,9 @@ pub async fn sample_loop(ui: Arc<UiState>, gate: headroom_gate::Gate, telemetry:
 }
 
 /// The page's document now, with the box's backends when `headroom up` runs this gateway.
-fn current_view(s: &crate::app::AppState) -> UiView {
-    let mut view = s.ui.view(&s.gate.snapshot(), &s.pool_names);
-    if let Some(provider) = s.box_provider.get()
+fn current_view(s: &crate::state::AppState) -> UiView {
+    let mut view = s.ui.view(&s.core.gate.snapshot(), &s.pool_names);
+    if let Some(provider) = s.core.box_provider.get()
         && let Ok(report) = serde_json::to_value(provider.report())
     {
         view.extras.insert("box".to_string(), report);
@@ -574,7 +579,7 @@ fn current_view(s: &crate::app::AppState) -> UiView {
 
 /// `GET /ui`: the page, rendered with the current figures.
 pub(crate) async fn serve_page(
-    axum::extract::State(s): axum::extract::State<crate::app::Shared>,
+    axum::extract::State(s): axum::extract::State<crate::state::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let view = current_view(&s);
@@ -595,7 +600,7 @@ pub(crate) async fn serve_page(
 
 /// `GET /ui/state`: the page's JSON document.
 pub(crate) async fn serve_state(
-    axum::extract::State(s): axum::extract::State<crate::app::Shared>,
+    axum::extract::State(s): axum::extract::State<crate::state::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let view = current_view(&s);
@@ -624,7 +629,7 @@ pub(crate) fn basic_key_matches(headers: &axum::http::HeaderMap, keys: &[String]
     let Some(colon) = decoded.iter().position(|&b| b == b':') else {
         return false;
     };
-    crate::app::key_matches(&decoded[colon + 1..], keys)
+    crate::edge::key_matches(&decoded[colon + 1..], keys)
 }
 
 /// 401 that makes a browser ask for the key (as the Basic password).
@@ -632,7 +637,7 @@ pub(crate) fn ask_for_key() -> axum::response::Response {
     use axum::response::IntoResponse;
     let mut r = crate::error::ApiError::new(
         axum::http::StatusCode::UNAUTHORIZED,
-        "invalid_api_key",
+        ErrorCode::InvalidApiKey,
         "a valid API key is required (Authorization: Bearer KEY, or the key as the Basic password)",
     )
     .into_response();
@@ -860,7 +865,7 @@ fn engines_table(view: &UiView) -> String {
 }
 
 /// The whole page: head, server-rendered tables, and the script that takes over when it runs.
-pub fn page(view: &UiView) -> String {
+pub(crate) fn page(view: &UiView) -> String {
     let mut html = String::with_capacity(16 * 1024);
     html.push_str(PAGE_HEAD);
     let _ = write!(

@@ -8,8 +8,8 @@ mod fuzz_support;
 
 use fuzz_support::fuzz;
 use headroom_server::audio::{AudioProbe, probe};
+use headroom_server::body_facts::{JsonRoute, parse_json};
 use headroom_server::config::EngineKind;
-use headroom_server::inspect::{JsonRoute, parse_json};
 use headroom_server::multipart;
 
 #[test]

@@ -91,7 +91,7 @@ pub(crate) fn prepare(backend: &BackendConfig, warmup: &Warmup) -> Result<Job, U
             source: e,
         })?
     };
-    let audio_seconds = headroom_server::inspect::audio_seconds(&data, "file")
+    let audio_seconds = headroom_server::body_facts::audio_seconds(&data, "file")
         .ok()
         .flatten();
     let name = path
@@ -247,7 +247,7 @@ pub(crate) async fn run(client: &reqwest::Client, job: &Job) -> Result<Answer, S
     let took = start.elapsed();
     // Only an answer to a speech job is read as audio (a transcription's JSON is not).
     let audio_seconds = job.speech.and_then(|_| {
-        headroom_server::inspect::audio_seconds(&body, "answer")
+        headroom_server::body_facts::audio_seconds(&body, "answer")
             .ok()
             .flatten()
     });

@@ -29,10 +29,12 @@ use tokio::io::{AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::due::{self, Closed, Wait};
+use super::due::{self, Wait};
 use super::slots::Held;
-use crate::app::{self, AppState, Shared};
+use crate::closed::Closed;
+use crate::edge;
 use crate::request::{Reply, Route};
+use crate::state::{AppState, Shared};
 use crate::upstream::wire::{Forwarded, header_line, list_tokens};
 
 /// Longest head this path parses; a longer one goes to hyper (which has its own limits).
@@ -134,7 +136,7 @@ where
         timer: io_timer,
         slot,
     } = edges;
-    let config = &state.config;
+    let config = &state.core.config;
     // The deadline timer of every request this connection carries (none is armed until the
     // first request); see [`crate::request::Timer`].
     let mut timer = pin!(tokio::time::sleep_until(
@@ -200,7 +202,7 @@ where
         };
         // Pinned here, in this loop's own state, and lent to `answer`: the request path's
         // future (kilobytes) is then not moved again into `answer`'s arguments and its pin.
-        let answer = pin!(app::proxied(
+        let answer = pin!(edge::proxied(
             state.clone(),
             route,
             request,
@@ -262,7 +264,7 @@ impl Conn<'_> {
                             return Poll::Ready(false);
                         }
                         if due::poll_due(self.timer.as_mut(), wait.at, cx).is_ready() {
-                            self.state.telemetry.connection_closed(wait.why);
+                            self.state.core.telemetry.connection_closed(wait.why);
                             return Poll::Ready(false);
                         }
                         return Poll::Pending;
@@ -488,13 +490,13 @@ impl Conn<'_> {
                     }
                     Poll::Ready(_) => return Poll::Ready(false),
                     Poll::Pending => {
-                        let send_timeout = self.state.config.send_timeout;
+                        let send_timeout = self.state.core.config.send_timeout;
                         let wait = *stalled
                             .get_or_insert_with(|| due::stalled_write(send_timeout, self.deadline));
                         if due::poll_due(self.timer.as_mut(), wait.at, cx).is_pending() {
                             return Poll::Pending;
                         }
-                        self.state.telemetry.connection_closed(wait.why);
+                        self.state.core.telemetry.connection_closed(wait.why);
                         return Poll::Ready(false);
                     }
                 }

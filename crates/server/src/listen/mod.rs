@@ -37,9 +37,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
-use crate::app::{self, Shared};
-use crate::error::ApiError;
+use crate::edge;
+use crate::error::{ApiError, ErrorCode};
 use crate::request::Route;
+use crate::state::Shared;
 
 pub(crate) mod due;
 pub mod h1;
@@ -94,7 +95,7 @@ pub(crate) async fn serve<F>(
             },
             held,
         ));
-        slots.make_room(&state.telemetry).await;
+        slots.make_room(&state.core.telemetry).await;
     }
     drop(stop_rx);
     drop(closed_rx);
@@ -103,7 +104,7 @@ pub(crate) async fn serve<F>(
         .await
         .is_err()
     {
-        state.cut();
+        state.core.cut();
         drop(cut_rx);
         let _ = tokio::time::timeout(CUT_LINGER, closed_tx.closed()).await;
     }
@@ -135,7 +136,7 @@ async fn connection(
     // The connection's client-side timer: the first request's head is due within
     // `client_header_timeout` of the accept.
     let mut timer = pin!(tokio::time::sleep_until(
-        Instant::now() + state.config.client_header_timeout
+        Instant::now() + state.core.config.client_header_timeout
     ));
     let ended = h1::serve(
         tcp,
@@ -159,7 +160,7 @@ async fn connection(
             timer: timer.as_mut(),
             stalled: None,
             deadline: Arc::default(),
-            send_timeout: state.config.send_timeout,
+            send_timeout: state.core.config.send_timeout,
             state: state.clone(),
         };
         with_hyper(io, state, router, stopping, cutting, draining).await;
@@ -187,9 +188,10 @@ async fn with_hyper<F, G>(
     // request at a time on a connection).
     let deadline = io.deadline.clone();
     let header_timeout = state
+        .core
         .config
         .client_header_timeout
-        .min(state.config.keepalive_timeout);
+        .min(state.core.config.keepalive_timeout);
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let state = state.clone();
         let admin = admin.clone();
@@ -202,7 +204,7 @@ async fn with_hyper<F, G>(
             Ok::<Response, Infallible>(
                 match Route::proxied(req.method().as_str(), req.uri().path()) {
                     Some(route) => {
-                        let reply = app::proxied(state, route, req.map(Body::new), None).await;
+                        let reply = edge::proxied(state, route, req.map(Body::new), None).await;
                         set_deadline(&deadline, reply.deadline);
                         reply.into_response()
                     }
@@ -253,7 +255,7 @@ fn missing_host<B>(req: &hyper::Request<B>) -> Option<Response> {
     Some(
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "missing_host",
+            ErrorCode::MissingHost,
             "an HTTP/1.1 request must carry a Host header",
         )
         .closing()
@@ -298,7 +300,7 @@ impl Guarded<'_> {
         match due::poll_due(self.timer.as_mut(), wait.at, cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(()) => {
-                self.state.telemetry.connection_closed(wait.why);
+                self.state.core.telemetry.connection_closed(wait.why);
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     "the client did not read its response",
@@ -353,7 +355,7 @@ impl AsyncWrite for Guarded<'_> {
 /// An accept that failed: a connection error (the client gave up) is skipped; out of file
 /// descriptors, the longest-idle connection makes room; anything else waits a second before the
 /// next accept, as hyper's servers do.
-async fn accept_error(e: io::Error, slots: &slots::Slots, state: &app::AppState) {
+async fn accept_error(e: io::Error, slots: &slots::Slots, state: &crate::state::AppState) {
     use std::io::ErrorKind::*;
     if matches!(
         e.kind(),
@@ -362,7 +364,7 @@ async fn accept_error(e: io::Error, slots: &slots::Slots, state: &app::AppState)
         return;
     }
     if slots::out_of_descriptors(&e) {
-        slots.out_of_descriptors(&state.telemetry).await;
+        slots.out_of_descriptors(&state.core.telemetry).await;
         return;
     }
     crate::stderr::line(&format!(

@@ -13,7 +13,7 @@ use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::due::Closed;
+use crate::closed::Closed;
 use crate::telemetry::Telemetry;
 
 /// Longest the accept loop waits for a connection to end when it can take no new one.
@@ -22,7 +22,7 @@ const ROOM_WAIT: Duration = Duration::from_millis(100);
 const SAY_EVERY: Duration = Duration::from_secs(60);
 
 /// The soft limit on open files (`RLIMIT_NOFILE`), or `None` when there is none.
-pub fn open_file_limit() -> Option<u64> {
+pub(crate) fn open_file_limit() -> Option<u64> {
     rustix::process::getrlimit(rustix::process::Resource::Nofile).current
 }
 

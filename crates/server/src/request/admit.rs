@@ -9,9 +9,10 @@ use axum::response::Response;
 use headroom_gate::{AdmitRequest, Permit, RejectReason, Rejection};
 use tokio::time::Instant;
 
+use super::fallback::fallback_response;
 use super::{Deadline, Facts, Lane, Route};
-use crate::app::{AppState, fallback_response};
 use crate::config::FallbackKind;
+use crate::core_state::Core;
 use crate::error::ApiError;
 use crate::telemetry::EARLY_RETRIES_TOTAL;
 
@@ -43,7 +44,7 @@ pub(super) fn deadline(arrival: Instant, lane: Lane<'_>, asked: Option<&HeaderVa
 /// the admitted, and of those that timed out in the queue (their whole wait), so the lane's
 /// queue-wait quantiles never look short while requests give up waiting.
 pub(super) async fn admit(
-    s: &AppState,
+    s: &Core,
     lane: Lane<'_>,
     seen: &Facts<'_>,
     deadline: Deadline,
@@ -73,7 +74,7 @@ pub(super) async fn admit(
 /// Counts a refusal and answers it: with the fallback where the lane and policy allow, else an error.
 /// Counts a client that is back before the Retry-After it was given (`headroom doctor --metrics`
 /// reads the count). Clients are told apart by their key or `x-headroom-client` header.
-pub(super) fn note_early_retry(s: &AppState, lane: Lane<'_>, client: Option<u64>) {
+pub(super) fn note_early_retry(s: &Core, lane: Lane<'_>, client: Option<u64>) {
     if let Some(c) = client
         && s.retries.arrives_early(lane.name(), c, Instant::now())
     {
@@ -84,7 +85,7 @@ pub(super) fn note_early_retry(s: &AppState, lane: Lane<'_>, client: Option<u64>
 }
 
 pub(super) fn refused(
-    s: &AppState,
+    s: &Core,
     lane: Lane<'_>,
     route: Route,
     seen: &Facts<'_>,
@@ -108,7 +109,7 @@ pub(super) fn refused(
 /// Whether this refusal may be answered by the fallback: its reason is one the lane lists in
 /// `fallback_reasons` (default: the lane is saturated or its queue is full), and the gateway is
 /// not shutting down (a draining gateway says so instead of answering as if it were serving).
-fn may_fall_back(s: &AppState, lane: Lane<'_>, rejection: &Rejection) -> bool {
+fn may_fall_back(s: &Core, lane: Lane<'_>, rejection: &Rejection) -> bool {
     rejection.reason != RejectReason::ShuttingDown
         && !s.gate.is_draining()
         && lane

@@ -5,8 +5,7 @@
 
 use axum::http::{HeaderMap, HeaderValue};
 
-use crate::app::{LANE_HEADER, TIMEOUT_HEADER};
-use crate::retry_watch::CLIENT_HEADER;
+use crate::headers;
 
 #[derive(Default)]
 pub(super) struct Asked<'a> {
@@ -31,9 +30,9 @@ impl<'a> Asked<'a> {
                 "content-length" => &mut asked.content_length,
                 "authorization" => &mut asked.authorization,
                 "expect" => &mut asked.expect,
-                LANE_HEADER => &mut asked.lane,
-                TIMEOUT_HEADER => &mut asked.timeout,
-                CLIENT_HEADER => &mut asked.client,
+                headers::LANE => &mut asked.lane,
+                headers::TIMEOUT => &mut asked.timeout,
+                headers::CLIENT => &mut asked.client,
                 _ => continue,
             };
             slot.get_or_insert(value);

@@ -18,21 +18,21 @@ use futures_util::StreamExt;
 
 use super::asked::Asked;
 use super::lane::Targets;
-use crate::app::AppState;
 use crate::body_memory::Reserved;
-use crate::error::ApiError;
+use crate::core_state::Core;
+use crate::error::{ApiError, ErrorCode};
 use crate::telemetry::BODY_MEMORY_WAITS_TOTAL;
 
 /// Most bytes of an oversize body read and thrown away before the 413 is sent.
-pub const MAX_DRAIN_BYTES: u64 = 256 * 1024 * 1024;
+pub(super) const MAX_DRAIN_BYTES: u64 = 256 * 1024 * 1024;
 /// Longest time spent reading and throwing away an oversize body.
-pub const MAX_DRAIN_TIME: Duration = Duration::from_secs(5);
+pub(super) const MAX_DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// 413 naming the limit.
 pub(super) fn too_large(limit: u64) -> ApiError {
     ApiError::new(
         StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
+        ErrorCode::BodyTooLarge,
         format!("request body is larger than this lane's limit of {limit} bytes"),
     )
 }
@@ -80,7 +80,7 @@ where
 fn no_body_memory(cap: u64) -> ApiError {
     let mut e = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
-        "body_memory_full",
+        ErrorCode::BodyMemoryFull,
         format!(
             "request bodies held by the gateway reached max_body_memory ({cap} bytes); retry shortly"
         ),
@@ -93,7 +93,7 @@ fn no_body_memory(cap: u64) -> ApiError {
 /// `arrival`) of the candidate lanes, with its room under `max_body_memory` reserved first;
 /// the reservation is the request's to hold until it ends.
 pub(super) async fn read<'s>(
-    s: &'s AppState,
+    s: &'s Core,
     body: Body,
     asked: &Asked<'_>,
     targets: &Targets<'_>,
@@ -138,7 +138,7 @@ pub(super) async fn read<'s>(
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|_| {
                 ApiError::bad_request(
-                    "body_read_error",
+                    ErrorCode::BodyReadError,
                     None,
                     "the request body could not be read",
                 )
@@ -188,7 +188,7 @@ pub(super) async fn read<'s>(
             // as `IncompleteMessage` in the fault test: a 150 ms lane timeout ran out mid-upload.
             let timeout = ApiError::new(
                 StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
+                ErrorCode::BodyTimeout,
                 "the request body did not arrive in time",
             );
             Err(if drain(&mut stream).await {

@@ -9,8 +9,8 @@ use bytes::Bytes;
 use super::{Lane, Route};
 use headroom_gate::Permit;
 
-use crate::app::AppState;
-use crate::error::ApiError;
+use crate::core_state::Core;
+use crate::error::{ApiError, ErrorCode};
 use crate::proxy::{Flight, connection_listed, crosses_upstream};
 use crate::upstream::{self, Endpoint, Outgoing, UpstreamError, UpstreamResponse};
 
@@ -18,7 +18,7 @@ use crate::upstream::{self, Endpoint, Outgoing, UpstreamError, UpstreamResponse}
 /// fields that cross the gateway (the lane's own key replacing the client's) written once as
 /// the header block every attempt sends, and the body.
 pub(super) fn outgoing<'a>(
-    s: &AppState,
+    s: &Core,
     lane: Lane<'_>,
     route: Route,
     uri: &'a Uri,
@@ -53,7 +53,7 @@ pub(super) fn outgoing<'a>(
 
 /// The upstream the permit names (parsed once when the gateway started).
 pub(super) fn endpoint(
-    s: &AppState,
+    s: &Core,
     lane: Lane<'_>,
     permit: &Permit,
 ) -> Result<Arc<Endpoint>, UpstreamError> {
@@ -120,7 +120,7 @@ pub(super) fn received(
             };
             Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
-                "upstream_unreachable",
+                ErrorCode::UpstreamUnreachable,
                 message,
             ))
         }

@@ -4,9 +4,9 @@
 use axum::http::{HeaderValue, StatusCode};
 
 use super::{Facts, Lane, Route};
-use crate::app::LANE_HEADER;
 use crate::config::{LaneConfig, ServeConfig};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
+use crate::headers::LANE as LANE_HEADER;
 
 /// The lanes that serve a route, and the one the client named, if any.
 pub(super) struct Targets<'a> {
@@ -29,7 +29,7 @@ pub(super) fn candidates<'a>(
     if lanes.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
-            "unknown_route",
+            ErrorCode::UnknownRoute,
             format!("no lane serves {}", route.path()),
         )
         .closing());
@@ -42,7 +42,7 @@ pub(super) fn candidates<'a>(
                 Some((i, _)) => Some(*i),
                 None => {
                     return Err(ApiError::bad_request(
-                        "unknown_lane",
+                        ErrorCode::UnknownLane,
                         Some(LANE_HEADER),
                         format!("no lane named `{name}` serves {}", route.path()),
                     )
@@ -116,7 +116,7 @@ pub(super) fn choose<'a>(
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "model_not_found",
+                ErrorCode::ModelNotFound,
                 format!(
                     "no lane serves model `{}` on {}",
                     seen.model.as_deref().unwrap_or(""),

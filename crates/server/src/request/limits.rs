@@ -7,9 +7,9 @@ use axum::http::StatusCode;
 
 use super::body::too_large;
 use super::{Facts, Lane, Route};
+use crate::body_facts::CHARS_PER_TOKEN;
 use crate::config::OutputTokensMode;
-use crate::error::ApiError;
-use crate::inspect::CHARS_PER_TOKEN;
+use crate::error::{ApiError, ErrorCode};
 
 /// Applies every limit of `lane` to the request.
 pub(super) async fn check(
@@ -62,7 +62,7 @@ async fn input_tokens(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> 
     };
     if tokens > max {
         return Err(ApiError::bad_request(
-            "input_too_long",
+            ErrorCode::InputTooLong,
             Some(seen.input_param),
             format!("input is {tokens} tokens ({how}), over this lane's limit of {max}"),
         ));
@@ -73,7 +73,7 @@ async fn input_tokens(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> 
 fn speech_chars(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {
     match (lane.config.max_input_chars, seen.speech) {
         (Some(max), Some(ask)) if ask.chars > max => Err(ApiError::bad_request(
-            "input_too_long",
+            ErrorCode::InputTooLong,
             Some("input"),
             format!(
                 "input is {} characters, over this lane's limit of {max}",
@@ -104,7 +104,7 @@ fn audio_length(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {
     match seen.audio_seconds {
         Some(secs) if secs > max => Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "audio_too_long",
+            ErrorCode::AudioTooLong,
             format!("audio is {secs:.1} s long, over this lane's limit of {max} s"),
         )
         .with_param(Some(seen.audio_param))),
@@ -113,10 +113,6 @@ fn audio_length(lane: Lane<'_>, seen: &Facts<'_>) -> Result<(), ApiError> {
         Some(_) | None => Ok(()),
     }
 }
-
-/// Header on the response when the audio's duration could not be read and the lane's longest
-/// allowed clip was assumed for admission.
-pub(crate) const AUDIO_DURATION_HEADER: &str = "x-headroom-audio-duration";
 
 /// For a lane with `max_audio_seconds`, audio whose duration is unknown counts as that many
 /// seconds (so GPU memory per audio second and the cost estimate are never under-counted).
@@ -143,7 +139,7 @@ fn output_tokens(lane: Lane<'_>, route: Route, seen: &Facts<'_>) -> Result<(), A
     }
     match seen.max_tokens {
         Some((field, n)) if n > cap => Err(ApiError::bad_request(
-            "max_tokens_too_large",
+            ErrorCode::MaxTokensTooLarge,
             Some(field),
             format!("`{field}` is {n}, over this lane's limit of {cap}"),
         )),

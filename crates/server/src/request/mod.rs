@@ -6,6 +6,7 @@
 mod admit;
 mod asked;
 mod body;
+mod fallback;
 mod forward;
 mod lane;
 mod limits;
@@ -13,7 +14,6 @@ mod preempt;
 mod respond;
 mod rewrite;
 mod validate;
-
 use std::borrow::Cow;
 use std::pin::Pin;
 
@@ -22,10 +22,10 @@ use axum::response::{IntoResponse, Response};
 use tokio::time::{Instant, Sleep};
 
 use self::asked::Asked;
-use crate::app::Shared;
+use crate::body_facts::JsonRoute;
 use crate::config::LaneConfig;
+use crate::core_state::Core;
 use crate::error::ApiError;
-use crate::inspect::JsonRoute;
 use crate::proxy::Flight;
 use crate::upstream::wire::Forwarded;
 
@@ -93,7 +93,7 @@ struct Facts<'a> {
     token_ids: u64,
     max_tokens: Option<(&'static str, u64)>,
     /// A speech request's input length and speed.
-    speech: Option<crate::inspect::SpeechAsk>,
+    speech: Option<crate::body_facts::SpeechAsk>,
     /// The body is JSON (forwarded as received unless a step rewrites it).
     json: bool,
     audio_param: &'static str,
@@ -159,7 +159,7 @@ pub(crate) type Timer<'t> = Option<Pin<&'t mut Sleep>>;
 
 /// Serves one proxied request, step by step. `timer`: the connection's, when it has one.
 pub(crate) async fn handle(
-    s: Shared,
+    s: std::sync::Arc<Core>,
     route: Route,
     req: Request,
     mut timer: Timer<'_>,
@@ -179,7 +179,7 @@ pub(crate) async fn handle(
     let forward_body = rewrite::output_tokens(lane, route, &facts, bytes.clone());
     let deadline = admit::deadline(arrival, lane, asked.timeout);
     // Under `headroom up`: a lane whose every backend is restarting answers 503 at once.
-    if let Some(e) = crate::admin_box::unavailable(&s, lane.name(), &lane.config.spec.upstreams) {
+    if let Some(e) = s.backend_unavailable(lane.name(), &lane.config.spec.upstreams) {
         s.telemetry.outcome(lane.name(), "backend_unavailable");
         return Err(e);
     }
@@ -228,13 +228,16 @@ pub(crate) async fn handle(
     .await?;
     if let Some(settled) = settled {
         reply.response.headers_mut().insert(
-            preempt::SETTLE_HEADER,
+            // Milliseconds this job waited, after admission, for the requests it stopped to end
+            // on their engine (`preempt_settle`); absent when it waited for none.
+            crate::headers::PREEMPT_SETTLE,
             axum::http::HeaderValue::from(settled.as_millis() as u64),
         );
     }
     if assumed_duration {
         reply.response.headers_mut().insert(
-            limits::AUDIO_DURATION_HEADER,
+            // The audio's duration could not be read: the lane's longest clip was assumed.
+            crate::headers::AUDIO_DURATION,
             axum::http::HeaderValue::from_static(
                 "unknown; admitted as the lane's max_audio_seconds",
             ),

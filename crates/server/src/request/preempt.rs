@@ -13,14 +13,10 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::time::{Instant, Sleep};
 
 use super::{Deadline, Timer};
-use crate::app::Shared;
+use crate::core_state::Core;
 use crate::error::ApiError;
 use crate::proxy::Flight;
 use crate::scrape::{self, ScrapeTarget};
-
-/// Response header: milliseconds this job waited, after admission, for the requests it stopped
-/// to end on their engine (`preempt_settle`); absent when it waited for none.
-pub(super) const SETTLE_HEADER: &str = "x-headroom-preempt-settle-ms";
 
 /// Pause between two readings of an engine that still runs stopped requests. Each reading is
 /// itself answered only between two of the engine's decode steps (llama.cpp serves `/metrics`
@@ -115,7 +111,7 @@ async fn until<T>(
 /// that runs beside the job on the same cores is slowed by it, and slows it, many times over;
 /// waiting for the step to end alone is shorter than racing it. Returns how long it waited
 /// (`None`: it had nothing to wait for).
-pub(super) async fn settle(s: &Shared, permit: &Permit) -> Option<Duration> {
+pub(super) async fn settle(s: &Core, permit: &Permit) -> Option<Duration> {
     if permit.stopped_lanes().is_empty() {
         // Nearly every request: no clock read, and the waiting below (a large future) is
         // neither built nor moved.
@@ -125,7 +121,7 @@ pub(super) async fn settle(s: &Shared, permit: &Permit) -> Option<Duration> {
 }
 
 /// [`settle`] for a permit that stopped requests.
-async fn settle_stopped(s: &Shared, permit: &Permit) -> Option<Duration> {
+async fn settle_stopped(s: &Core, permit: &Permit) -> Option<Duration> {
     let started = Instant::now();
     let mut waited = false;
     for &lane in permit.stopped_lanes() {
@@ -154,7 +150,7 @@ async fn settle_stopped(s: &Shared, permit: &Permit) -> Option<Duration> {
 
 /// Whether `target` reports no request running; also true once `until` has passed (the wait is
 /// over either way). An engine that cannot be read counts as not idle until then.
-async fn engine_idle(s: &Shared, target: &ScrapeTarget, until: Instant) -> bool {
+async fn engine_idle(s: &Core, target: &ScrapeTarget, until: Instant) -> bool {
     let left = until.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return true;

@@ -38,9 +38,9 @@ pub(super) async fn respond(
     let sse = forwarded.is_event_stream();
     // The gateway's fields of every response go with the upstream's, as lines: no map is built
     // for them.
-    forwarded.add(crate::app::LANE_HEADER, lane.config.lane_header.as_bytes());
+    forwarded.add(crate::headers::LANE, lane.config.lane_header.as_bytes());
     forwarded.add(
-        "x-headroom-queue-wait-ms",
+        crate::headers::QUEUE_WAIT,
         itoa::Buffer::new()
             .format(queue_wait.as_millis() as u64)
             .as_bytes(),

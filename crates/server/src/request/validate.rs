@@ -1,13 +1,13 @@
 //! Validation: the body, by content type, into the [`Facts`] the later steps need: JSON routes
-//! through the inspector, audio uploads through the multipart reader and the audio duration probe.
+//! through [`crate::body_facts`], audio uploads through the multipart reader and the audio duration probe.
 
 use std::borrow::Cow;
 
 use axum::http::StatusCode;
 
 use super::{Facts, Route};
-use crate::error::ApiError;
-use crate::inspect::{audio_seconds, parse_json};
+use crate::body_facts::{audio_seconds, parse_json};
+use crate::error::{ApiError, ErrorCode};
 use crate::multipart;
 
 /// Reads the request's facts, or the 4xx that explains why the body is not acceptable. `ctype`:
@@ -25,7 +25,7 @@ pub(super) fn inspect<'a>(
 
 fn inspect_json<'a>(
     route: Route,
-    json_route: crate::inspect::JsonRoute,
+    json_route: crate::body_facts::JsonRoute,
     ctype: &str,
     body: &'a [u8],
 ) -> Result<Facts<'a>, ApiError> {
@@ -33,7 +33,7 @@ fn inspect_json<'a>(
     if !mime.eq_ignore_ascii_case("application/json") {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             format!("{} takes application/json, not `{mime}`", route.path()),
         ));
     }
@@ -64,13 +64,13 @@ fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts<'stati
         None => {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
+                ErrorCode::UnsupportedMediaType,
                 format!("{} takes multipart/form-data", route.path()),
             ));
         }
         Some(Err(e)) => {
             return Err(ApiError::bad_request(
-                "invalid_multipart",
+                ErrorCode::InvalidMultipart,
                 None,
                 e.to_string(),
             ));
@@ -78,7 +78,7 @@ fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts<'stati
         Some(Ok(b)) => b,
     };
     let parts = multipart::parse(body, &boundary)
-        .map_err(|e| ApiError::bad_request("invalid_multipart", None, e.to_string()))?;
+        .map_err(|e| ApiError::bad_request(ErrorCode::InvalidMultipart, None, e.to_string()))?;
     let field = |name: &str| {
         parts
             .iter()
@@ -90,12 +90,16 @@ fn inspect_upload(route: Route, ctype: &str, body: &[u8]) -> Result<Facts<'stati
             })
     };
     let file = parts.iter().find(|p| p.name == "file").ok_or_else(|| {
-        ApiError::bad_request("missing_file", Some("file"), "the form has no `file` part")
+        ApiError::bad_request(
+            ErrorCode::MissingFile,
+            Some("file"),
+            "the form has no `file` part",
+        )
     })?;
     let data = &body[file.data.clone()];
     if data.is_empty() {
         return Err(ApiError::bad_request(
-            "missing_file",
+            ErrorCode::MissingFile,
             Some("file"),
             "the `file` part is empty",
         ));

@@ -21,20 +21,20 @@ use std::time::Duration;
 use axum::http::HeaderValue;
 use bytes::Bytes;
 
-pub use pool::Endpoint;
-pub use response::UpstreamResponse;
+pub(crate) use pool::Endpoint;
+pub(crate) use response::UpstreamResponse;
 
 /// How long a connect may take before the upstream counts as unreachable.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Idle keep-alive connections kept per upstream; more are closed when they come back.
-pub const MAX_IDLE_PER_UPSTREAM: usize = 256;
+pub(crate) const MAX_IDLE_PER_UPSTREAM: usize = 256;
 /// An idle connection unused for this long is closed rather than reused.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Why an upstream exchange failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// No connection could be made (refused, no route, name not resolved).
     #[error("cannot connect to {upstream}: {source}")]
     Connect {
@@ -69,7 +69,7 @@ pub enum UpstreamError {
 
 impl UpstreamError {
     /// The upstream could not be reached at all.
-    pub fn is_connect(&self) -> bool {
+    pub(crate) fn is_connect(&self) -> bool {
         matches!(
             self,
             UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. }
@@ -86,7 +86,7 @@ impl UpstreamError {
 
     /// Whether no byte of the request reached the wire: it could not connect, or the write
     /// failed before its first byte. Such a request may go anywhere else, whatever it is.
-    pub fn unsent(&self) -> bool {
+    pub(crate) fn unsent(&self) -> bool {
         match self {
             UpstreamError::Connect { .. } | UpstreamError::ConnectTimeout { .. } => true,
             UpstreamError::Io { written, .. } => !written,
@@ -104,7 +104,7 @@ impl UpstreamError {
     /// the upstream let the connection go, the keep-alive race that llama.cpp's server makes
     /// after every stream. (A clean close is no such sign: an engine that read the request and
     /// then died closes the same way as one that closed an idle connection.)
-    pub fn reset_unread(&self) -> bool {
+    pub(crate) fn reset_unread(&self) -> bool {
         use std::io::ErrorKind::*;
         matches!(self, UpstreamError::Io { source, answered: false, .. }
             if matches!(source.kind(), ConnectionReset | ConnectionAborted | BrokenPipe))
@@ -114,7 +114,7 @@ impl UpstreamError {
     /// closed or reset under it. The upstream may have run it (an engine that read it and then
     /// died looks the same as one that closed a kept-alive connection as the request arrived),
     /// so only a request that may run twice is sent elsewhere after this.
-    pub fn unanswered(&self) -> bool {
+    pub(crate) fn unanswered(&self) -> bool {
         match self {
             UpstreamError::Closed { answered } => !answered,
             other => other.reset_unread() || other.unsent(),
@@ -124,7 +124,7 @@ impl UpstreamError {
     /// Whether a request that failed this way may go to another replica: when none of it was
     /// written, or, for a request that may run twice (`idempotent`), when no response byte came
     /// back.
-    pub fn may_reroute(&self, idempotent: bool) -> bool {
+    pub(crate) fn may_reroute(&self, idempotent: bool) -> bool {
         self.unsent() || (idempotent && self.unanswered())
     }
 
@@ -139,7 +139,7 @@ impl UpstreamError {
 /// One request to send: its target (path and query), header fields (as lines, written with
 /// [`wire::header_line`]; no `host` or `content-length`, which the client writes), whole body,
 /// and whether it may run twice.
-pub struct Outgoing<'a> {
+pub(crate) struct Outgoing<'a> {
     pub path: &'static str,
     pub query: Option<&'a str>,
     pub headers: Vec<u8>,
@@ -179,7 +179,7 @@ impl Outgoing<'_> {
 /// that failed before a byte of the request was written, or that the upstream reset with the
 /// request unread (or, for a request that may run twice, that failed before any response byte)
 /// is replaced by a fresh connection and the request sent once more.
-pub async fn send(
+pub(crate) async fn send(
     endpoint: &Arc<Endpoint>,
     outgoing: &Outgoing<'_>,
 ) -> Result<UpstreamResponse, UpstreamError> {
@@ -202,7 +202,7 @@ pub async fn send(
 }
 
 /// The value of a `Bearer` Authorization header, if `key` makes a valid header value.
-pub fn bearer(key: &str) -> Option<HeaderValue> {
+pub(crate) fn bearer(key: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!("Bearer {key}")).ok()
 }
 

@@ -136,7 +136,7 @@ struct Idle {
 }
 
 /// An upstream address with its pool of idle connections.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     address: String,
     host: String,
     port: u16,
@@ -148,7 +148,7 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The endpoint for a configured upstream (`http://HOST[:PORT]`, no path).
-    pub fn parse(address: &str) -> Result<Endpoint, UpstreamError> {
+    pub(crate) fn parse(address: &str) -> Result<Endpoint, UpstreamError> {
         let bad = || UpstreamError::BadAddress(address.to_string());
         let rest = address.strip_prefix("http://").ok_or_else(bad)?;
         let authority: Authority = rest.trim_end_matches('/').parse().map_err(|_| bad())?;
@@ -173,7 +173,7 @@ impl Endpoint {
     }
 
     /// The address as configured.
-    pub fn address(&self) -> &str {
+    pub(crate) fn address(&self) -> &str {
         &self.address
     }
 
@@ -181,13 +181,15 @@ impl Endpoint {
         &self.host_header
     }
 
+    #[cfg(test)]
     /// Connections opened so far.
-    pub fn connects(&self) -> u64 {
+    pub(crate) fn connects(&self) -> u64 {
         self.connects.load(Ordering::Relaxed)
     }
 
+    #[cfg(test)]
     /// Requests sent again on a fresh connection after a pooled one turned out stale.
-    pub fn stale_resends(&self) -> u64 {
+    pub(crate) fn stale_resends(&self) -> u64 {
         self.stale_resends.load(Ordering::Relaxed)
     }
 
@@ -195,8 +197,9 @@ impl Endpoint {
         self.stale_resends.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[cfg(test)]
     /// Idle connections in the pool now.
-    pub fn idle_count(&self) -> usize {
+    pub(crate) fn idle_count(&self) -> usize {
         self.lock().len()
     }
 

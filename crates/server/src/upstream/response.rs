@@ -63,7 +63,7 @@ fn poll_head(conn: &mut Conn, cx: &mut Context<'_>) -> Poll<Result<wire::Head, U
 }
 
 /// An upstream response: its head, and its body still to read through the connection.
-pub struct UpstreamResponse {
+pub(crate) struct UpstreamResponse {
     status: StatusCode,
     forwarded: Forwarded,
     /// The declared body length (`Content-Length`), if the body is sized.
@@ -76,35 +76,30 @@ pub struct UpstreamResponse {
 }
 
 impl UpstreamResponse {
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         self.status
     }
 
-    /// The end-to-end header fields, for the client.
-    pub fn forwarded(&self) -> &Forwarded {
-        &self.forwarded
-    }
-
     /// Moves the end-to-end header fields out (none are left).
-    pub fn take_forwarded(&mut self) -> Forwarded {
+    pub(crate) fn take_forwarded(&mut self) -> Forwarded {
         std::mem::take(&mut self.forwarded)
     }
 
     /// The body length the upstream declared, if any (kept apart from the header fields, so it
     /// holds after [`UpstreamResponse::take_forwarded`]).
-    pub fn content_length(&self) -> Option<u64> {
+    pub(crate) fn content_length(&self) -> Option<u64> {
         self.length
     }
 
     /// The next body chunk; `None` at the end.
-    pub async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
+    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
         std::future::poll_fn(|cx| self.poll_chunk(cx))
             .await
             .transpose()
     }
 
     /// Polls for the next body chunk, reading from the connection while it waits.
-    pub fn poll_chunk(
+    pub(crate) fn poll_chunk(
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, UpstreamError>>> {

@@ -14,7 +14,7 @@ use bytes::{Buf, Bytes, BytesMut};
 /// Largest response head (status line and fields) read; larger is a protocol error.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields a response head may carry.
-pub const MAX_HEADERS: usize = 128;
+pub(crate) const MAX_HEADERS: usize = 128;
 
 /// A response the upstream sent that HTTP/1.1 does not allow.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,7 +23,7 @@ pub struct Malformed(pub &'static str);
 
 /// The head of a request: request line, `host`, the forwarded header block (lines written by
 /// [`header_line`]) and the body's length.
-pub fn request_head(
+pub(crate) fn request_head(
     path: &str,
     query: Option<&str>,
     host: &HeaderValue,
@@ -47,13 +47,13 @@ pub fn request_head(
 }
 
 /// One header field as a request head carries it (`HeaderValue` holds no CR or LF).
-pub fn header_line(name: &str, value: &HeaderValue, out: &mut Vec<u8>) {
+pub(crate) fn header_line(name: &str, value: &HeaderValue, out: &mut Vec<u8>) {
     field_line(name.as_bytes(), value.as_bytes(), out);
 }
 
 /// The elements of a field value that is a comma-separated list (RFC 9110 section 5.6.1), each
 /// without the whitespace around it; empty elements are skipped.
-pub fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     value
         .split(|b| *b == b',')
         .map(<[u8]>::trim_ascii)
@@ -61,7 +61,7 @@ pub fn list_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Whether a query string may go into a request line as it is (visible ASCII, no `#`).
-pub fn valid_query(q: &str) -> bool {
+pub(crate) fn valid_query(q: &str) -> bool {
     q.bytes().all(|b| b.is_ascii_graphic() && b != b'#')
 }
 
@@ -206,10 +206,10 @@ impl<'a> Iterator for Lines<'a> {
 /// Fields the gateway sets on the responses it passes on: its own `x-headroom-*` ones and the
 /// ORCA load report. An upstream's field of such a name gives way to the gateway's.
 fn set_by_gateway(name: &[u8]) -> bool {
-    const OWN: &[u8] = b"x-headroom-";
+    const OWN: &[u8] = crate::headers::OWN_PREFIX.as_bytes();
     name.get(..OWN.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(OWN))
-        || name.eq_ignore_ascii_case(crate::balancer::ORCA_HEADER.as_bytes())
+        || name.eq_ignore_ascii_case(crate::headers::ORCA.as_bytes())
 }
 
 /// One field as a head carries it.
@@ -237,7 +237,7 @@ const HOP_BY_HOP: [&str; 11] = [
 ];
 
 /// Whether a field named in lower case is one of [`HOP_BY_HOP`].
-pub fn hop_by_hop(name: &str) -> bool {
+pub(crate) fn hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP.contains(&name)
 }
 

@@ -1,6 +1,9 @@
 //! Reading what a request is before admission: JSON validity and nesting depth, the model name,
 //! streaming, output-token asks, an input-token estimate, and audio carried inside chat messages
 //! (OpenAI `input_audio` parts and `audio_url` data URLs, as VibeVoice's vLLM plugin takes it).
+//!
+//! Named `body_facts` (it was `inspect`) so it does not read as the `headroom-inspect` crate,
+//! which inspects models (what `--model` names), not request bodies.
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
@@ -9,13 +12,13 @@ use axum::http::StatusCode;
 use serde_json::Value;
 
 use crate::audio::{AudioProbe, base64_decode, probe};
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// Deepest JSON nesting accepted (serde_json's own limit is 128).
-pub const MAX_JSON_DEPTH: usize = 64;
+pub(crate) const MAX_JSON_DEPTH: usize = 64;
 
 /// Characters per token in the stated input-token estimate used without a tokenizer.
-pub const CHARS_PER_TOKEN: usize = 4;
+pub(crate) const CHARS_PER_TOKEN: usize = 4;
 
 /// Which JSON route a body was posted to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,13 +58,13 @@ pub struct SpeechAsk {
 }
 
 /// The `speed` range OpenAI's speech API takes.
-pub const SPEECH_SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
+pub(crate) const SPEECH_SPEED_RANGE: std::ops::RangeInclusive<f64> = 0.25..=4.0;
 
 fn speech_ask(input: &str, speed: Option<&Value>) -> Result<SpeechAsk, ApiError> {
     let chars = input.chars().count() as u64;
     if input.trim().is_empty() {
         return Err(ApiError::bad_request(
-            "missing_field",
+            ErrorCode::MissingField,
             Some("input"),
             "`input` (the text to speak) is empty",
         ));
@@ -72,7 +75,7 @@ fn speech_ask(input: &str, speed: Option<&Value>) -> Result<SpeechAsk, ApiError>
             Some(x) if SPEECH_SPEED_RANGE.contains(&x) => x,
             _ => {
                 return Err(ApiError::bad_request(
-                    "invalid_value",
+                    ErrorCode::InvalidValue,
                     Some("speed"),
                     "`speed` must be a number from 0.25 to 4.0",
                 ));
@@ -415,7 +418,7 @@ impl<'de> serde::Deserialize<'de> for Content<'de> {
 }
 
 /// Nesting depth of a JSON text, ignoring brackets inside strings. Stops counting past `limit`.
-pub fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
+pub(crate) fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
     // Nesting never exceeds the number of opening brackets: a body with few of them (nearly
     // every request) is cleared by this count, which the compiler vectorises, without the
     // byte-by-byte walk below.
@@ -455,7 +458,7 @@ pub fn json_depth_exceeds(bytes: &[u8], limit: usize) -> bool {
 fn unsupported_audio(param: &str) -> ApiError {
     ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_audio",
+        ErrorCode::UnsupportedAudio,
         "the audio is not WAV, FLAC, MP3, OGG, MP4/M4A or WebM",
     )
     .with_param(Some(param))
@@ -491,7 +494,7 @@ fn chat_audio_blob(part: &Value) -> Option<Result<Vec<u8>, ApiError>> {
     };
     Some(base64_decode(encoded).ok_or_else(|| {
         ApiError::bad_request(
-            "invalid_audio_encoding",
+            ErrorCode::InvalidAudioEncoding,
             Some("messages"),
             "audio in a chat message is not valid base64",
         )
@@ -502,7 +505,7 @@ fn chat_audio_blob(part: &Value) -> Option<Result<Vec<u8>, ApiError>> {
 pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, ApiError> {
     if json_depth_exceeds(bytes, MAX_JSON_DEPTH) {
         return Err(ApiError::bad_request(
-            "json_too_deep",
+            ErrorCode::JsonTooDeep,
             None,
             format!("JSON nesting deeper than {MAX_JSON_DEPTH} levels"),
         ));
@@ -514,13 +517,13 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
             } else {
                 format!("request body is not valid JSON: {e}")
             };
-        ApiError::bad_request("invalid_json", None, message)
+        ApiError::bad_request(ErrorCode::InvalidJson, None, message)
     })?;
     let model = match fields.model {
         Some(Text::Str(s)) if !s.trim().is_empty() => s,
         Some(Text::Str(_)) | None | Some(Text::Null) => {
             return Err(ApiError::bad_request(
-                "missing_model",
+                ErrorCode::MissingModel,
                 Some("model"),
                 "`model` is required",
             ));
@@ -528,7 +531,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
         Some(Text::List(_) | Text::Other) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_type",
+                ErrorCode::InvalidType,
                 "`model` must be a string",
             )
             .with_param(Some("model")));
@@ -540,7 +543,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
         Some(_) => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_type",
+                ErrorCode::InvalidType,
                 "`stream` must be a boolean",
             )
             .with_param(Some("stream")));
@@ -557,7 +560,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 Some(n) if n >= 1 => max_tokens = Some((field, n)),
                 _ => {
                     return Err(ApiError::bad_request(
-                        "invalid_value",
+                        ErrorCode::InvalidValue,
                         Some(field),
                         format!("`{field}` must be a positive integer"),
                     ));
@@ -576,7 +579,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 Some(Messages::List(m)) => m,
                 None => {
                     return Err(ApiError::bad_request(
-                        "missing_field",
+                        ErrorCode::MissingField,
                         Some("messages"),
                         "`messages` is required",
                     ));
@@ -584,7 +587,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
                 Some(Messages::Other) => {
                     return Err(ApiError::new(
                         StatusCode::UNPROCESSABLE_ENTITY,
-                        "invalid_type",
+                        ErrorCode::InvalidType,
                         "`messages` must be an array",
                     )
                     .with_param(Some("messages")));
@@ -632,7 +635,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
             }
             _ => {
                 return Err(ApiError::bad_request(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     Some("input"),
                     "`input` (the text to speak) is required",
                 ));
@@ -653,7 +656,7 @@ pub fn parse_json(route: JsonRoute, bytes: &[u8]) -> Result<JsonRequest<'_>, Api
 }
 
 /// Roles the chat API knows (OpenAI's `ChatCompletionMessageParam` union).
-pub const CHAT_ROLES: &[&str] = &[
+pub(crate) const CHAT_ROLES: &[&str] = &[
     "system",
     "developer",
     "user",
@@ -668,7 +671,7 @@ pub const CHAT_ROLES: &[&str] = &[
 fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_request(
-            "invalid_value",
+            ErrorCode::InvalidValue,
             Some("messages"),
             "`messages` must hold at least one message",
         ));
@@ -676,7 +679,7 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
     for (i, m) in messages.iter().enumerate() {
         if !m.object {
             return Err(ApiError::bad_request(
-                "invalid_type",
+                ErrorCode::InvalidType,
                 Some(&format!("messages[{i}]")),
                 format!("`messages[{i}]` must be an object"),
             ));
@@ -685,21 +688,21 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
             Some(Role::Known(r)) => *r,
             None | Some(Role::Null) => {
                 return Err(ApiError::bad_request(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     Some(&format!("messages[{i}].role")),
                     format!("`messages[{i}].role` is required"),
                 ));
             }
             Some(Role::NotString) => {
                 return Err(ApiError::bad_request(
-                    "invalid_type",
+                    ErrorCode::InvalidType,
                     Some(&format!("messages[{i}].role")),
                     format!("`messages[{i}].role` must be a string"),
                 ));
             }
             Some(Role::Unknown(role)) => {
                 return Err(ApiError::bad_request(
-                    "invalid_value",
+                    ErrorCode::InvalidValue,
                     Some(&format!("messages[{i}].role")),
                     format!(
                         "`messages[{i}].role` is `{role}`; it must be one of {}",
@@ -720,7 +723,7 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
                         .is_some_and(Value::is_string);
                     if !typed {
                         return Err(ApiError::bad_request(
-                            "invalid_type",
+                            ErrorCode::InvalidType,
                             Some(&format!("{}[{j}]", content_param())),
                             format!("`{}[{j}]` must be an object with a `type`", content_param()),
                         ));
@@ -731,14 +734,14 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
             None | Some(Text::Null) if matches!(role, "assistant" | "function") => {}
             None | Some(Text::Null) => {
                 return Err(ApiError::bad_request(
-                    "missing_field",
+                    ErrorCode::MissingField,
                     Some(&content_param()),
                     format!("`{}` is required for the `{role}` role", content_param()),
                 ));
             }
             Some(Text::Other) => {
                 return Err(ApiError::bad_request(
-                    "invalid_type",
+                    ErrorCode::InvalidType,
                     Some(&content_param()),
                     format!(
                         "`{}` must be a string or a list of content parts",
@@ -752,13 +755,13 @@ fn check_messages(messages: &[Content<'_>]) -> Result<(), ApiError> {
 }
 
 /// The stated estimate used without a tokenizer: characters / [`CHARS_PER_TOKEN`], rounded up.
-pub fn estimate_tokens<T: AsRef<str>>(texts: &[T]) -> u64 {
+pub(crate) fn estimate_tokens<T: AsRef<str>>(texts: &[T]) -> u64 {
     let chars: usize = texts.iter().map(|t| t.as_ref().chars().count()).sum();
     chars.div_ceil(CHARS_PER_TOKEN) as u64
 }
 
 /// The text the cleanup fallback works on: the last user message's text.
-pub fn last_user_text(value: &Value) -> String {
+pub(crate) fn last_user_text(value: &Value) -> String {
     let Some(messages) = value.get("messages").and_then(Value::as_array) else {
         return String::new();
     };
