@@ -13,7 +13,6 @@ pub mod error;
 pub mod health;
 pub mod inspect;
 pub mod listen;
-pub mod memory_config;
 pub mod memory_feed;
 pub mod multipart;
 pub mod pause;
@@ -39,9 +38,9 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use config::memory::{MemoryConfig, MemoryTable, ProbeKind};
 pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
 pub use error::ApiError;
-pub use memory_config::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +94,7 @@ impl Gateway {
         )?;
         let mut pool = None;
         let probe = match (probe, config.memory.probe, config.memory.capacity) {
-            (None, memory_config::ProbeKind::Host, Some(capacity)) => {
+            (None, config::memory::ProbeKind::Host, Some(capacity)) => {
                 let p = HostPool::new(capacity);
                 pool = Some(p.clone());
                 Some(Arc::new(p) as Arc<dyn GpuProbe>)

@@ -891,7 +891,7 @@ pub fn page(view: &UiView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory_config::ProbeKind;
+    use crate::config::memory::ProbeKind;
 
     #[test]
     fn quantile_interpolates_inside_the_bucket() {
