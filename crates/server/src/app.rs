@@ -15,9 +15,9 @@ use axum::routing::{get, post};
 use headroom_gate::{Gate, clean_transcript};
 use serde_json::{Value, json};
 
-use crate::config::ServeConfig;
 use crate::error::ApiError;
 use crate::inspect::last_user_text;
+use crate::live_config::ServeConfig;
 use crate::proxy::header as hname;
 use crate::request::{self, Reply, Route, Timer};
 use crate::telemetry::{BAD_REQUESTS_TOTAL, Telemetry};

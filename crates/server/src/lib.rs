@@ -13,6 +13,7 @@ pub mod error;
 pub mod health;
 pub mod inspect;
 pub mod listen;
+pub mod live_config;
 pub mod memory_feed;
 pub mod multipart;
 pub mod pause;
@@ -39,8 +40,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::memory::{MemoryConfig, MemoryTable, ProbeKind};
-pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
+pub use config::{ConfigError, EXAMPLE_CONFIG, ServeSettings};
 pub use error::ApiError;
+pub use live_config::ServeConfig;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -74,19 +76,22 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Builds the live configuration from `settings` ([`ServeConfig::build`]), then the gateway
+    /// ([`Gateway::from_config`]).
+    pub fn new(
+        settings: ServeSettings,
+        probe: Option<Arc<dyn GpuProbe>>,
+    ) -> Result<Gateway, ServeError> {
+        Gateway::from_config(ServeConfig::build(settings)?, probe)
+    }
+
     /// Builds the gate, the upstream client and the metrics registry. With `[memory] probe =
     /// "host"` and no probe given, the host pool is built here; learned needs are read back from
     /// the calibration file.
-    pub fn new(
-        mut config: ServeConfig,
+    pub fn from_config(
+        config: ServeConfig,
         probe: Option<Arc<dyn GpuProbe>>,
     ) -> Result<Gateway, ServeError> {
-        for lane in &mut config.lanes {
-            if let (Some(path), None) = (&lane.tokenizer_path, &lane.tokenizer) {
-                lane.tokenizer =
-                    Some(tokens::TokenCounter::load(path).map_err(ServeError::Tokenizer)?);
-            }
-        }
         let gate = Gate::new(
             config.lane_specs(),
             config.max_inflight_total,
@@ -230,7 +235,7 @@ impl Gateway {
             )));
         }
         let pausing = pause::pausing_lanes(&state.gate, &state.config.lanes);
-        let hook_of = |lane: &config::LaneConfig| {
+        let hook_of = |lane: &live_config::LaneConfig| {
             self.pause_hooks
                 .iter()
                 .find(|(name, _)| *name == lane.spec.name)
@@ -334,9 +339,9 @@ impl Drop for Running {
     }
 }
 
-/// Binds `config.listen` (port 0 picks a free port) and serves on a background task.
+/// Binds `settings.listen` (port 0 picks a free port) and serves on a background task.
 pub async fn spawn(
-    config: ServeConfig,
+    config: ServeSettings,
     probe: Option<Arc<dyn GpuProbe>>,
 ) -> Result<Running, ServeError> {
     spawn_with_pool(config, probe, None).await
@@ -344,7 +349,7 @@ pub async fn spawn(
 
 /// [`spawn`], naming the host pool a given probe reads (see [`Gateway::with_pool`]).
 pub async fn spawn_with_pool(
-    config: ServeConfig,
+    config: ServeSettings,
     probe: Option<Arc<dyn GpuProbe>>,
     pool: Option<HostPool>,
 ) -> Result<Running, ServeError> {

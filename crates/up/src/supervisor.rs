@@ -400,10 +400,7 @@ async fn run_inner(
 
 /// The text lanes whose engine `up` pauses by signal: `preempt_mode = "pause"` on a backend with
 /// no pause call of its own (llama.cpp; vLLM has its HTTP one).
-fn signal_paused_lanes(
-    config: &BoxConfig,
-    serve: &headroom_server::config::ServeConfig,
-) -> Vec<String> {
+fn signal_paused_lanes(config: &BoxConfig, serve: &headroom_server::ServeSettings) -> Vec<String> {
     serve
         .lanes
         .iter()

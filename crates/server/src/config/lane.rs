@@ -1,11 +1,14 @@
 //! One `[[lanes]]` table: its keys as written ([`RawLane`]), their validation, and the lane
-//! after validation ([`LaneConfig`]) with the gate's [`LaneSpec`] inside.
+//! after validation ([`LaneSettings`], plain data) with the gate's [`LaneSpec`] inside. The
+//! lane's live pieces (its loaded tokenizer, its response header) are built from these by
+//! [`crate::live_config`].
 
 use std::time::Duration;
 
 use headroom_gate::{EngineLimits, GpuNeed, LaneSpec, Outlier, PREEMPT_ALL, Policy, PreemptMode};
 use serde::Deserialize;
 
+use super::Env;
 use super::error::{ConfigError, key_err};
 use super::memory::{MemoryConfig, ProbeKind};
 use super::parse::{parse_bytes, parse_duration, upstream_url};
@@ -50,7 +53,7 @@ pub enum EngineKind {
 
 /// One lane after validation.
 #[derive(Debug, Clone)]
-pub struct LaneConfig {
+pub struct LaneSettings {
     pub spec: LaneSpec,
     pub paths: Vec<String>,
     /// Model names this lane takes (exact, or a prefix ending in `*`); empty = any.
@@ -61,8 +64,6 @@ pub struct LaneConfig {
     pub max_input_tokens: Option<u64>,
     /// `tokenizer.json` used to count input tokens exactly (else the characters / 4 estimate).
     pub tokenizer_path: Option<std::path::PathBuf>,
-    /// The loaded tokenizer (filled when the gateway starts).
-    pub tokenizer: Option<crate::tokens::TokenCounter>,
     pub max_output_tokens: Option<u64>,
     pub output_tokens_mode: OutputTokensMode,
     pub max_audio_seconds: Option<f64>,
@@ -83,15 +84,13 @@ pub struct LaneConfig {
     /// requests waits, before it is forwarded, for the lane's engines to report them stopped
     /// (zero: it does not wait). An engine reads a cancel only between two decode steps.
     pub preempt_settle: Duration,
-    /// The lane's name as the `x-headroom-lane` response value, built once.
-    pub lane_header: axum::http::HeaderValue,
     /// The lane's requests may run twice (`idempotent = true`): one that failed after it was
     /// sent but before any response byte is sent again (a fresh connection, then another
     /// replica). Off by default: such a request is answered 502, never repeated.
     pub idempotent: bool,
 }
 
-impl LaneConfig {
+impl LaneSettings {
     /// `audio` when the lane takes audio (an `/v1/audio/…` path, or chat requests with audio
     /// parts), else `text`: the `kind` label of `headroom_lane_info`.
     pub fn kind(&self) -> &'static str {
@@ -247,14 +246,15 @@ impl LaneKeys<'_> {
 }
 
 /// Validates one `[[lanes]]` table (the `index`th); an upstream read differently from how it was
-/// written adds a line to `notes`. Keys are checked in a fixed order, so the first fault named
+/// written adds a line to `notes`; `env` reads `upstream_api_key_env`. Keys are checked in a fixed order, so the first fault named
 /// is always the same one.
 pub(super) fn lane_config(
     index: usize,
     raw: RawLane,
     memory: &MemoryConfig,
+    env: &Env,
     notes: &mut Vec<String>,
-) -> Result<LaneConfig, ConfigError> {
+) -> Result<LaneSettings, ConfigError> {
     let name = raw.name.trim().to_string();
     if name.is_empty() {
         return Err(key_err(format!("lanes[{index}].name"), "must not be empty"));
@@ -269,7 +269,7 @@ pub(super) fn lane_config(
     let speech_seconds_per_char = audio_length(&raw, &k)?;
     let gpu = gpu_need(&raw, memory, &k)?;
     let (engine_kind, engine) = engine(&raw, &k)?;
-    let upstream_api_key = upstream_api_key(&raw, &k)?;
+    let upstream_api_key = upstream_api_key(&raw, env, &k)?;
     let preemption = preemption(&raw, engine_kind, &k)?;
     let queueing = queueing(&raw, &k)?;
     let spec = LaneSpec {
@@ -294,10 +294,7 @@ pub(super) fn lane_config(
         engine,
         outlier,
     };
-    let lane_header = axum::http::HeaderValue::from_str(&spec.name)
-        .unwrap_or(axum::http::HeaderValue::from_static("?"));
-    Ok(LaneConfig {
-        lane_header,
+    Ok(LaneSettings {
         spec,
         paths: raw.paths,
         models: raw.models,
@@ -307,7 +304,6 @@ pub(super) fn lane_config(
             .unwrap_or(DEFAULT_MAX_BODY),
         max_input_tokens: k.positive("max_input_tokens", raw.max_input_tokens)?,
         tokenizer_path: raw.tokenizer.map(std::path::PathBuf::from),
-        tokenizer: None,
         max_output_tokens: k.positive("max_output_tokens", raw.max_output_tokens)?,
         output_tokens_mode,
         max_audio_seconds: raw.max_audio_seconds,
@@ -556,10 +552,10 @@ fn engine(
 }
 
 /// `upstream_api_key`, or the variable `upstream_api_key_env` names.
-fn upstream_api_key(raw: &RawLane, k: &LaneKeys) -> Result<Option<String>, ConfigError> {
+fn upstream_api_key(raw: &RawLane, env: &Env, k: &LaneKeys) -> Result<Option<String>, ConfigError> {
     match (&raw.upstream_api_key, &raw.upstream_api_key_env) {
         (Some(key), _) => Ok(Some(key.clone())),
-        (None, Some(var)) => Ok(Some(std::env::var(var).map_err(|_| {
+        (None, Some(var)) => Ok(Some(env(var).ok_or_else(|| {
             key_err(
                 k.key("upstream_api_key_env"),
                 format!("environment variable {var} is not set"),

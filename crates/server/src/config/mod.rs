@@ -29,13 +29,18 @@ pub(crate) use error::key_err;
 pub use example::EXAMPLE_CONFIG;
 pub use lane::{
     DEFAULT_FALLBACK_REASONS, DEFAULT_SPEECH_SECONDS_PER_CHAR, EngineKind, FALLBACK_REASONS,
-    FallbackKind, LaneConfig, OutputTokensMode,
+    FallbackKind, LaneSettings, OutputTokensMode,
 };
 pub use parse::{parse_bytes, parse_duration};
 
-/// The whole gateway configuration after validation.
+/// Reads an environment variable (`api_keys_env`, `upstream_api_key_env`): the process's own in
+/// [`ServeSettings::from_toml`], a given one in [`ServeSettings::from_toml_with_env`].
+pub type Env = dyn Fn(&str) -> Option<String>;
+
+/// The whole gateway configuration after validation: plain data, no live objects (the gateway
+/// builds those once from it, see [`crate::live_config::ServeConfig`]).
 #[derive(Debug, Clone)]
-pub struct ServeConfig {
+pub struct ServeSettings {
     pub listen: SocketAddr,
     pub api_keys: Vec<String>,
     pub max_inflight_total: Option<usize>,
@@ -50,7 +55,7 @@ pub struct ServeConfig {
     /// stops reading its response is dropped and its request's slot and memory freed.
     pub send_timeout: Duration,
     /// Most request-body bytes held in memory at once across all requests; `None`: the default
-    /// for this machine (see [`ServeConfig::body_memory_cap`]).
+    /// for this machine (see [`ServeSettings::body_memory_cap`]).
     pub max_body_memory: Option<u64>,
     pub scrape_interval: Duration,
     /// How long one read of an engine's metrics may take. Apart from `scrape_interval`: a busy
@@ -63,7 +68,7 @@ pub struct ServeConfig {
     pub memory: MemoryConfig,
     /// The `[balancer]` table: signals for a load balancer in front of several boxes.
     pub balancer: BalancerConfig,
-    pub lanes: Vec<LaneConfig>,
+    pub lanes: Vec<LaneSettings>,
     /// What was read differently from how it was written (an upstream's `/v1` dropped), to be
     /// shown to the user once.
     pub notes: Vec<String>,
@@ -92,20 +97,26 @@ struct RawConfig {
     lanes: Vec<RawLane>,
 }
 
-impl ServeConfig {
+impl ServeSettings {
     /// Parses and validates a configuration file's text; errors name the key and its line.
-    pub fn from_toml(text: &str) -> Result<ServeConfig, ConfigError> {
-        Self::from_toml_unlocated(text).map_err(|e| with_line(text, e))
+    /// Environment variables it names are read from this process's environment.
+    pub fn from_toml(text: &str) -> Result<ServeSettings, ConfigError> {
+        Self::from_toml_with_env(text, &|var| std::env::var(var).ok())
     }
 
-    fn from_toml_unlocated(text: &str) -> Result<ServeConfig, ConfigError> {
+    /// [`ServeSettings::from_toml`], reading the variables it names with `env`.
+    pub fn from_toml_with_env(text: &str, env: &Env) -> Result<ServeSettings, ConfigError> {
+        Self::from_toml_unlocated(text, env).map_err(|e| with_line(text, e))
+    }
+
+    fn from_toml_unlocated(text: &str, env: &Env) -> Result<ServeSettings, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
         let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let listen = parse_listen(listen_text)?;
         let mut api_keys: Vec<String> =
             raw.api_keys.into_iter().filter(|k| !k.is_empty()).collect();
         if let Some(var) = raw.api_keys_env {
-            let value = std::env::var(&var).map_err(|_| {
+            let value = env(&var).ok_or_else(|| {
                 key_err(
                     "api_keys_env",
                     format!("environment variable {var} is not set"),
@@ -234,9 +245,9 @@ impl ServeConfig {
         let mut lanes = Vec::with_capacity(raw.lanes.len());
         let mut notes = Vec::new();
         for (i, lane) in raw.lanes.into_iter().enumerate() {
-            lanes.push(lane_config(i, lane, &memory, &mut notes)?);
+            lanes.push(lane_config(i, lane, &memory, env, &mut notes)?);
         }
-        let config = ServeConfig {
+        let config = ServeSettings {
             listen,
             api_keys,
             max_inflight_total,
@@ -347,7 +358,7 @@ policy = "queue"
 
     #[test]
     fn the_minimal_file_from_the_issue_parses_as_written() {
-        let c = ServeConfig::from_toml(MINIMAL).unwrap();
+        let c = ServeSettings::from_toml(MINIMAL).unwrap();
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(c.lanes.len(), 2);
         let text = &c.lanes[0];
@@ -371,7 +382,7 @@ policy = "queue"
 
     #[test]
     fn the_example_parses_and_names_every_raw_key() {
-        let c = ServeConfig::from_toml(EXAMPLE_CONFIG).unwrap();
+        let c = ServeSettings::from_toml(EXAMPLE_CONFIG).unwrap();
         assert_eq!(c.lanes.len(), 2);
         assert_eq!(c.lanes[1].fallback, Some(FallbackKind::RuleBasedCleanup));
         assert_eq!(c.lanes[1].spec.yield_to, vec!["audio"]);
@@ -457,15 +468,15 @@ policy = "queue"
         let with = |top: &str, agent: &str| {
             format!("{top}\n[balancer]\nagent_listen = \"{agent}\"\n{lane}")
         };
-        ServeConfig::from_toml(&with("", "127.0.0.1:9101")).unwrap();
-        let e = ServeConfig::from_toml(&with("", "0.0.0.0:9101"))
+        ServeSettings::from_toml(&with("", "127.0.0.1:9101")).unwrap();
+        let e = ServeSettings::from_toml(&with("", "0.0.0.0:9101"))
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("balancer.agent_listen") && e.contains("API keys are required"),
             "{e}"
         );
-        ServeConfig::from_toml(&with("api_keys = [\"k\"]", "0.0.0.0:9101")).unwrap();
+        ServeSettings::from_toml(&with("api_keys = [\"k\"]", "0.0.0.0:9101")).unwrap();
     }
 
     #[test]
@@ -475,12 +486,12 @@ policy = "queue"
                 "[[lanes]]\nname=\"t\"\npaths=[\"/v1/completions\"]\nupstreams=[\"http://a:1\"]\n{extra}"
             )
         };
-        let l = ServeConfig::from_toml(&lane("")).unwrap().lanes.remove(0);
+        let l = ServeSettings::from_toml(&lane("")).unwrap().lanes.remove(0);
         assert!(!l.idempotent);
         assert_eq!(l.spec.outlier, Outlier::default());
         assert_eq!(l.spec.outlier.eject_after_failures, 3);
         assert_eq!(l.spec.outlier.base_ejection_time, Duration::from_secs(5));
-        let l = ServeConfig::from_toml(&lane(
+        let l = ServeSettings::from_toml(&lane(
             "idempotent = true\neject_after_failures = 5\nbase_ejection_time = \"30s\"\nmax_ejection_percent = 10",
         ))
         .unwrap()
@@ -499,7 +510,7 @@ policy = "queue"
                 "max_ejection_time",
             ),
         ] {
-            let e = ServeConfig::from_toml(&lane(extra))
+            let e = ServeSettings::from_toml(&lane(extra))
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(key), "{extra}: {e}");
@@ -514,7 +525,7 @@ policy = "queue"
                  engine=\"llamacpp\"\npreempt=true\n{extra}"
             )
         };
-        let first = |text: &str| ServeConfig::from_toml(text).unwrap().lanes.remove(0);
+        let first = |text: &str| ServeSettings::from_toml(text).unwrap().lanes.remove(0);
         let l = first(&lane(""));
         assert_eq!(
             (l.spec.preempt_per_job, l.preempt_settle),
@@ -601,7 +612,7 @@ policy = "queue"
             ),
         ];
         for (text, want) in cases {
-            let err = ServeConfig::from_toml(text).unwrap_err().to_string();
+            let err = ServeSettings::from_toml(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text:?} gave {err:?}, wanted {want:?}");
         }
     }

@@ -5,8 +5,8 @@ use axum::http::{HeaderValue, StatusCode};
 
 use super::{Facts, Lane, Route};
 use crate::app::LANE_HEADER;
-use crate::config::{LaneConfig, ServeConfig};
 use crate::error::ApiError;
+use crate::live_config::{LaneConfig, ServeConfig};
 
 /// The lanes that serve a route, and the one the client named, if any.
 pub(super) struct Targets<'a> {

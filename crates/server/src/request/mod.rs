@@ -23,9 +23,9 @@ use tokio::time::{Instant, Sleep};
 
 use self::asked::Asked;
 use crate::app::Shared;
-use crate::config::LaneConfig;
 use crate::error::ApiError;
 use crate::inspect::JsonRoute;
+use crate::live_config::LaneConfig;
 use crate::proxy::Flight;
 use crate::upstream::wire::Forwarded;
 
