@@ -87,7 +87,7 @@ async fn main() {
         .await
         .unwrap();
     });
-    let config = headroom_server::ServeConfig::from_toml(&format!(
+    let config = headroom_server::ServeSettings::from_toml(&format!(
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"http://{up}\"]\nmax_inflight = 64\n"
     ))
     .unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use headroom_gpu::GpuProbe;
 use headroom_server::stderr::line;
-use headroom_server::{EXAMPLE_CONFIG, Gateway, ServeConfig};
+use headroom_server::{EXAMPLE_CONFIG, Gateway, ServeConfig, ServeSettings};
 
 use super::signals::Signals;
 
@@ -53,7 +53,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
     let mut config =
-        ServeConfig::from_toml(&text).with_context(|| format!("config {}", path.display()))?;
+        ServeSettings::from_toml(&text).with_context(|| format!("config {}", path.display()))?;
     for note in &config.notes {
         line(&format!(
             "headroom: note: config {}: {note}",
@@ -96,12 +96,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             None
         }
     };
-    for lane in &mut config.lanes {
-        if let Some(t) = &lane.tokenizer_path {
-            lane.tokenizer =
-                Some(headroom_server::tokens::TokenCounter::load(t).map_err(anyhow::Error::msg)?);
-        }
-    }
+    // Tokenizers are loaded here, so `--check` reads them too.
+    let config = ServeConfig::build(config)?;
     if args.check {
         println!(
             "config {} is valid: {} lane(s)",
@@ -159,7 +155,7 @@ async fn serve(
     let bound = listener.local_addr()?;
     let lanes: Vec<String> = config.lanes.iter().map(|l| l.spec.name.clone()).collect();
     let grace = config.shutdown_grace;
-    let gateway = Gateway::new(config, probe)?;
+    let gateway = Gateway::from_config(config, probe)?;
     {
         // A closed stdout is no reason not to serve.
         let mut out = std::io::stdout().lock();

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use headroom_server::ServeConfig;
+use headroom_server::ServeSettings;
 use headroom_server::admin_box::{BackendReport, BackendState, BoxProvider, BoxReport};
 
 struct Steered(Mutex<BoxReport>);
@@ -67,7 +67,7 @@ async fn gateway(
     toml: &str,
     provider: Option<Arc<dyn BoxProvider>>,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {
-    let config = ServeConfig::from_toml(toml).unwrap();
+    let config = ServeSettings::from_toml(toml).unwrap();
     let mut g = headroom_server::Gateway::new(config, None).unwrap();
     if let Some(p) = provider {
         g = g.with_box(p);

@@ -1145,7 +1145,8 @@ fn http_429_from_a_saturated_headroom_serve_gateway() {
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let gateway = rt.block_on(async {
-        let config = headroom_server::ServeConfig::from_toml(&toml).expect("valid gateway config");
+        let config =
+            headroom_server::ServeSettings::from_toml(&toml).expect("valid gateway config");
         headroom_server::spawn(config, None)
             .await
             .expect("gateway starts")
@@ -1297,7 +1298,8 @@ fn soak_reads_the_gateway_queue_depth_from_its_metrics() {
     );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let gateway = rt.block_on(async {
-        let config = headroom_server::ServeConfig::from_toml(&toml).expect("valid gateway config");
+        let config =
+            headroom_server::ServeSettings::from_toml(&toml).expect("valid gateway config");
         headroom_server::spawn(config, None)
             .await
             .expect("gateway starts")

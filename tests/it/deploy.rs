@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use headroom_gpu::{DeviceSnapshot, GpuProbe, ScriptedProbe};
-use headroom_server::ServeConfig;
+use headroom_server::ServeSettings;
 use promql_parser::parser::{self, Expr};
 use serde_json::{Value, json};
 
@@ -199,7 +199,7 @@ gpu_memory_per_job = "1GiB"
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let gateway =
-        headroom_server::Gateway::new(ServeConfig::from_toml(&toml).unwrap(), Some(probe))
+        headroom_server::Gateway::new(ServeSettings::from_toml(&toml).unwrap(), Some(probe))
             .unwrap()
             .with_box(Arc::new(StubBox));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

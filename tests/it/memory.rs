@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use headroom_gpu::{DeviceSnapshot, GpuProbe, HostPool, ProbeError};
-use headroom_server::{Running, ServeConfig};
+use headroom_server::{Running, ServeSettings};
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -109,7 +109,7 @@ impl Pool {
         }
     }
 
-    pub(crate) fn config(&self, upstream: &str) -> ServeConfig {
+    pub(crate) fn config(&self, upstream: &str) -> ServeSettings {
         let calibration = self
             .calibration
             .as_ref()
@@ -146,7 +146,7 @@ learn = {learn}
             per_job = self.per_job,
             learn = self.learn,
         );
-        ServeConfig::from_toml(&toml).expect("test config is valid")
+        ServeSettings::from_toml(&toml).expect("test config is valid")
     }
 }
 
@@ -509,7 +509,7 @@ impl GpuProbe for Unreliable {
     }
 }
 
-fn two_lane_config(upstream: &str, interval_ms: u64) -> ServeConfig {
+fn two_lane_config(upstream: &str, interval_ms: u64) -> ServeSettings {
     let lane = |name: &str, fail_open: bool| {
         format!(
             r#"[[lanes]]
@@ -538,7 +538,7 @@ stale_after = "{stale}ms"
         open = lane("open", true),
         closed = lane("closed", false),
     );
-    ServeConfig::from_toml(&toml).expect("valid")
+    ServeSettings::from_toml(&toml).expect("valid")
 }
 
 /// Runs `rounds` of `n` requests on `lane`; returns the best round's slowest request (a busy

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use headroom_server::{Running, ServeConfig};
+use headroom_server::{Running, ServeSettings};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -12,7 +12,7 @@ use crate::common::{SERIAL, config_file, rig};
 use crate::serve_upstream::{self, Upstream};
 
 pub(crate) async fn gateway(toml: &str) -> Running {
-    let config = ServeConfig::from_toml(toml).expect("test config is valid");
+    let config = ServeSettings::from_toml(toml).expect("test config is valid");
     headroom_server::spawn(config, None)
         .await
         .expect("gateway starts")
@@ -1912,7 +1912,7 @@ async fn audio_admission_follows_free_gpu_memory_per_audio_second() {
         )
     );
     let gpu = std::sync::Arc::new(TestGpu(std::sync::atomic::AtomicU64::new(2 << 30)));
-    let config = ServeConfig::from_toml(&toml).unwrap();
+    let config = ServeSettings::from_toml(&toml).unwrap();
     let g = headroom_server::spawn(config, Some(gpu.clone()))
         .await
         .unwrap();

@@ -184,7 +184,7 @@ async fn the_fallback_names_itself_and_answers_only_the_reasons_it_is_allowed() 
     }
     // A reason that can never fall back is refused at startup.
     let bad = text_lane(&up, &lane_cfg("fallback_reasons = [\"shutting_down\"]"));
-    let e = headroom_server::ServeConfig::from_toml(&bad).unwrap_err();
+    let e = headroom_server::ServeSettings::from_toml(&bad).unwrap_err();
     assert!(e.to_string().contains("fallback_reasons"), "{e}");
 }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use headroom_server::ServeConfig;
+use headroom_server::ServeSettings;
 
 use crate::serve_upstream;
 
@@ -40,7 +40,7 @@ async fn one_lane_gateway(upstream: &str) -> headroom_server::Running {
     let toml = format!(
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{upstream}\"]\nmax_inflight = 4\n"
     );
-    headroom_server::spawn(ServeConfig::from_toml(&toml).unwrap(), None)
+    headroom_server::spawn(ServeSettings::from_toml(&toml).unwrap(), None)
         .await
         .unwrap()
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use headroom_gpu::{DeviceSnapshot, GpuProbe, ProbeError};
-use headroom_server::ServeConfig;
+use headroom_server::ServeSettings;
 use serde_json::json;
 
 use crate::common::SERIAL;
@@ -43,7 +43,7 @@ async fn a_speech_request_is_admitted_on_the_audio_its_characters_make() {
         )
     );
     let pool = Arc::new(Pool(AtomicU64::new(2 << 30)));
-    let g = headroom_server::spawn(ServeConfig::from_toml(&toml).unwrap(), Some(pool))
+    let g = headroom_server::spawn(ServeSettings::from_toml(&toml).unwrap(), Some(pool))
         .await
         .unwrap();
     let (c, b) = (client(), base(&g));

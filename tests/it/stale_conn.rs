@@ -162,7 +162,7 @@ async fn serve_streams_back_to_back_through_an_upstream_that_closes_after_each_s
         "listen = \"127.0.0.1:0\"\n[[lanes]]\nname = \"text\"\npaths = [\"/v1/chat/completions\"]\nupstreams = [\"{}\"]\nmax_inflight = 1\n",
         server.url
     );
-    let config = headroom_server::ServeConfig::from_toml(&toml).expect("valid config");
+    let config = headroom_server::ServeSettings::from_toml(&toml).expect("valid config");
     let g = headroom_server::spawn(config, None).await.expect("starts");
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut failures = Vec::new();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use headroom_gpu::{GpuProbe, ScriptedProbe};
-use headroom_server::{Running, ServeConfig};
+use headroom_server::{Running, ServeSettings};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::Instant;
@@ -44,7 +44,7 @@ max_queue = 4
 }
 
 async fn gateway(toml: &str) -> Running {
-    let config = ServeConfig::from_toml(toml).expect("test config is valid");
+    let config = ServeSettings::from_toml(toml).expect("test config is valid");
     // A 24 GiB card whose use climbs from 6 GiB to 12 GiB over the first 30 readings.
     let used: Vec<u64> = (0..=30).map(|i| (6 << 30) + i * (200 << 20)).collect();
     let probe: Arc<dyn GpuProbe> = Arc::new(ScriptedProbe::single_gpu_series(

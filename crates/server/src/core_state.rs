@@ -12,8 +12,8 @@ use headroom_gate::Gate;
 
 use crate::admin_box::{BackendState, BoxProvider};
 use crate::body_memory::BodyMemory;
-use crate::config::ServeConfig;
 use crate::error::{ApiError, ErrorCode};
+use crate::live_config::ServeConfig;
 use crate::retry_watch::RetryWatch;
 use crate::telemetry::Telemetry;
 use crate::upstream::Endpoint;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::config::ServeConfig;
+use crate::live_config::ServeConfig;
 use crate::state::AppState;
 
 /// How often each upstream's `/health` is asked.

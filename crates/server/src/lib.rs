@@ -17,7 +17,7 @@ pub(crate) mod error;
 pub(crate) mod headers;
 pub(crate) mod health;
 pub mod listen;
-pub mod memory_config;
+pub mod live_config;
 pub mod memory_feed;
 pub(crate) mod metrics;
 pub mod multipart;
@@ -29,6 +29,7 @@ mod request;
 pub(crate) mod retry_watch;
 pub(crate) mod router;
 pub mod scrape;
+mod start_error;
 pub(crate) mod state;
 pub mod stderr;
 pub mod telemetry;
@@ -47,29 +48,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{ConfigError, EXAMPLE_CONFIG, ServeConfig};
-pub use memory_config::{MemoryConfig, MemoryTable, ProbeKind};
-
-/// Why the gateway could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("invalid lanes: {0}")]
-    Gate(#[from] headroom_gate::GateError),
-    #[error("cannot build the upstream HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
-    #[error("{0}")]
-    Tokenizer(#[source] tokens::LoadError),
-    #[error("{0}")]
-    Calibration(#[from] headroom_gpu::CalibrationError),
-    #[error("server failed: {0}")]
-    Io(#[from] std::io::Error),
-}
+pub use config::memory::{MemoryConfig, MemoryTable, ProbeKind};
+pub use config::{ConfigError, EXAMPLE_CONFIG, ServeSettings};
+pub use live_config::ServeConfig;
+pub use start_error::ServeError;
 
 /// A gateway ready to serve on a bound listener.
 pub struct Gateway {
@@ -82,19 +64,22 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Builds the live configuration from `settings` ([`ServeConfig::build`]), then the gateway
+    /// ([`Gateway::from_config`]).
+    pub fn new(
+        settings: ServeSettings,
+        probe: Option<Arc<dyn GpuProbe>>,
+    ) -> Result<Gateway, ServeError> {
+        Gateway::from_config(ServeConfig::build(settings)?, probe)
+    }
+
     /// Builds the gate, the upstream client and the metrics registry. With `[memory] probe =
     /// "host"` and no probe given, the host pool is built here; learned needs are read back from
     /// the calibration file.
-    pub fn new(
-        mut config: ServeConfig,
+    pub fn from_config(
+        config: ServeConfig,
         probe: Option<Arc<dyn GpuProbe>>,
     ) -> Result<Gateway, ServeError> {
-        for lane in &mut config.lanes {
-            if let (Some(path), None) = (&lane.tokenizer_path, &lane.tokenizer) {
-                lane.tokenizer =
-                    Some(tokens::TokenCounter::load(path).map_err(ServeError::Tokenizer)?);
-            }
-        }
         let gate = Gate::new(
             config.lane_specs(),
             config.max_inflight_total,
@@ -102,7 +87,7 @@ impl Gateway {
         )?;
         let mut pool = None;
         let probe = match (probe, config.memory.probe, config.memory.capacity) {
-            (None, memory_config::ProbeKind::Host, Some(capacity)) => {
+            (None, config::memory::ProbeKind::Host, Some(capacity)) => {
                 let p = HostPool::new(capacity);
                 pool = Some(p.clone());
                 Some(Arc::new(p) as Arc<dyn GpuProbe>)
@@ -239,7 +224,7 @@ impl Gateway {
             )));
         }
         let pausing = pause::pausing_lanes(&state.core.gate, &state.core.config.lanes);
-        let hook_of = |lane: &config::LaneConfig| {
+        let hook_of = |lane: &live_config::LaneConfig| {
             self.pause_hooks
                 .iter()
                 .find(|(name, _)| *name == lane.spec.name)
@@ -343,9 +328,9 @@ impl Drop for Running {
     }
 }
 
-/// Binds `config.listen` (port 0 picks a free port) and serves on a background task.
+/// Binds `settings.listen` (port 0 picks a free port) and serves on a background task.
 pub async fn spawn(
-    config: ServeConfig,
+    config: ServeSettings,
     probe: Option<Arc<dyn GpuProbe>>,
 ) -> Result<Running, ServeError> {
     spawn_with_pool(config, probe, None).await
@@ -353,7 +338,7 @@ pub async fn spawn(
 
 /// [`spawn`], naming the host pool a given probe reads (see [`Gateway::with_pool`]).
 pub async fn spawn_with_pool(
-    config: ServeConfig,
+    config: ServeSettings,
     probe: Option<Arc<dyn GpuProbe>>,
     pool: Option<HostPool>,
 ) -> Result<Running, ServeError> {

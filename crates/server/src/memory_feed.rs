@@ -20,7 +20,7 @@ use headroom_gpu::{
 };
 use tokio::time::Instant;
 
-use crate::memory_config::{MemoryConfig, ProbeKind};
+use crate::config::memory::{MemoryConfig, ProbeKind};
 use crate::telemetry::{GPU_MEMORY_USED_BYTES, Telemetry};
 
 /// How often the listening processes of the watched upstreams are looked up again.

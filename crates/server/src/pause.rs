@@ -14,7 +14,7 @@ use std::time::Duration;
 use headroom_gate::Gate;
 use tokio::sync::watch;
 
-use crate::config::LaneConfig;
+use crate::live_config::LaneConfig;
 
 /// How long one pause or resume call may take; a slow engine must not hold the next transition.
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);

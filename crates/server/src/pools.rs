@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use headroom_gpu::DeviceSnapshot;
 
-use crate::memory_config::ProbeKind;
+use crate::config::memory::ProbeKind;
 
 /// The names of the pools read so far, by device index.
 #[derive(Debug)]

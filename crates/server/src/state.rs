@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use headroom_gate::Gate;
 
-use crate::config::ServeConfig;
 use crate::core_state::Core;
+use crate::live_config::ServeConfig;
 use crate::telemetry::Telemetry;
 
 /// Shared state of one gateway.

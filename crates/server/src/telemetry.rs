@@ -275,7 +275,7 @@ impl Telemetry {
 
     /// Publishes each lane's kind (`headroom_lane_info{lane, kind}` = 1) for joins in dashboards
     /// and alert rules.
-    pub fn describe_lane_kinds(&self, lanes: &[crate::config::LaneConfig]) {
+    pub fn describe_lane_kinds(&self, lanes: &[crate::live_config::LaneConfig]) {
         for lane in lanes {
             self.gauge(
                 LANE_INFO,

@@ -896,7 +896,7 @@ pub(crate) fn page(view: &UiView) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory_config::ProbeKind;
+    use crate::config::memory::ProbeKind;
 
     #[test]
     fn quantile_interpolates_inside_the_bucket() {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use crate::UpError;
 
 /// `[memory]` is `serve`'s own table (same keys, same meaning); the box file reuses its type.
-pub use headroom_server::memory_config::{MemoryConfig, MemoryTable, ProbeKind};
+pub use headroom_server::config::memory::{MemoryConfig, MemoryTable, ProbeKind};
 
 /// `audio` or `text`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -125,15 +125,19 @@ mod tests {
 
     #[test]
     fn a_gateway_failure_reads_as_before_exits_1_and_keeps_the_serve_error() {
-        let e = UpError::Serve(ServeError::Client("no TLS".into()).into());
+        let bind = ServeError::Bind {
+            addr: "127.0.0.1:9".parse().unwrap(),
+            source: std::io::Error::other("in use"),
+        };
+        let e = UpError::Serve(bind.into());
         assert_eq!(
             e.to_string(),
-            "gateway: cannot build the upstream HTTP client: no TLS"
+            "gateway: cannot listen on 127.0.0.1:9: in use"
         );
         assert_eq!(e.exit_code(), 1);
         assert!(matches!(
             e.source().and_then(|c| c.downcast_ref::<GatewayFailure>()),
-            Some(GatewayFailure::Serve(ServeError::Client(_)))
+            Some(GatewayFailure::Serve(ServeError::Bind { .. }))
         ));
         let e = UpError::Serve(GatewayFailure::Io(std::io::Error::other("closed")));
         assert_eq!(e.to_string(), "gateway: closed");

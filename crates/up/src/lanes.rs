@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use headroom_server::ServeConfig;
+use headroom_server::ServeSettings;
 
 use crate::UpError;
 use crate::boxfile::{BackendConfig, BoxConfig, Engine, Role};
@@ -216,9 +216,9 @@ pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
 }
 
 /// `serve`'s validated configuration for the box.
-pub fn serve_config(config: &BoxConfig, figures: &[LaneFigures]) -> Result<ServeConfig, UpError> {
+pub fn serve_config(config: &BoxConfig, figures: &[LaneFigures]) -> Result<ServeSettings, UpError> {
     let text = serve_toml(config, figures);
-    ServeConfig::from_toml(&text).map_err(|e| UpError::Config {
+    ServeSettings::from_toml(&text).map_err(|e| UpError::Config {
         key: "serve".into(),
         message: format!("the derived gateway configuration is refused: {e}"),
     })

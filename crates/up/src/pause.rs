@@ -10,7 +10,7 @@ use crate::report::BoxStatus;
 /// no pause call of its own (llama.cpp; vLLM has its HTTP one).
 pub(crate) fn signal_paused_lanes(
     config: &BoxConfig,
-    serve: &headroom_server::config::ServeConfig,
+    serve: &headroom_server::ServeSettings,
 ) -> Vec<String> {
     serve
         .lanes

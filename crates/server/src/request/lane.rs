@@ -4,9 +4,9 @@
 use axum::http::{HeaderValue, StatusCode};
 
 use super::{Facts, Lane, Route};
-use crate::config::{LaneConfig, ServeConfig};
 use crate::error::{ApiError, ErrorCode};
 use crate::headers::LANE as LANE_HEADER;
+use crate::live_config::{LaneConfig, ServeConfig};
 
 /// The lanes that serve a route, and the one the client named, if any.
 pub(super) struct Targets<'a> {

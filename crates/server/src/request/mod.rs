@@ -23,9 +23,9 @@ use tokio::time::{Instant, Sleep};
 
 use self::asked::Asked;
 use crate::body_facts::JsonRoute;
-use crate::config::LaneConfig;
 use crate::core_state::Core;
 use crate::error::ApiError;
+use crate::live_config::LaneConfig;
 use crate::proxy::Flight;
 use crate::upstream::wire::Forwarded;
 

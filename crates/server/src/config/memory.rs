@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{ConfigError, parse_bytes, parse_duration};
+use super::error::ConfigError;
+use super::parse::{parse_bytes, parse_duration};
 
 /// Which memory a pool is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
