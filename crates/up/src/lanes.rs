@@ -7,7 +7,8 @@
 //! `up` while they run, `preempt_mode = "pause"`; another engine's running requests stopped,
 //! with `preempt_settle`; [`crate::contention`]). `[serve.lanes.NAME]` keys override what is
 //! derived.
-//! The result is `serve`'s own configuration, validated by `serve`.
+//! The result is `serve`'s own settings (`ServeSettings`), validated by `serve` from the table
+//! built here; no configuration text is written or parsed on the way.
 
 use std::time::Duration;
 
@@ -171,19 +172,20 @@ fn lane_table(b: &BackendConfig, f: &LaneFigures, device: u32) -> toml::Table {
     t
 }
 
-/// `serve`'s configuration for the box, as TOML text (shown by `up --print-serve-config`).
-pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
+/// `serve`'s configuration for the box, as the table `serve` validates: the `[serve]` keys of
+/// the box file, the derived lanes with each lane's `[serve.lanes.NAME]` keys over them, and the
+/// box's `[memory]`.
+pub fn serve_table(config: &BoxConfig, figures: &[LaneFigures]) -> toml::Table {
     let mut top = config.serve.top.clone();
     top.insert(
         "listen".into(),
         toml::Value::String(config.serve.listen.to_string()),
     );
     // The same [memory] table, so serve's ledger reads the pool `up` measured.
-    if let Ok(mut memory) = config.memory.to_toml().parse::<toml::Table>()
-        && let Some(table) = memory.remove("memory")
-    {
-        top.insert("memory".into(), table);
-    }
+    top.insert(
+        "memory".into(),
+        toml::Value::Table(config.memory.to_table()),
+    );
     let mut lanes = Vec::new();
     for b in &config.backends {
         let Some(f) = figures.iter().find(|f| f.backend == b.name) else {
@@ -212,13 +214,12 @@ pub fn serve_toml(config: &BoxConfig, figures: &[LaneFigures]) -> String {
         lanes.push(toml::Value::Table(t));
     }
     top.insert("lanes".into(), toml::Value::Array(lanes));
-    toml::to_string(&top).unwrap_or_default()
+    top
 }
 
 /// `serve`'s validated configuration for the box.
 pub fn serve_config(config: &BoxConfig, figures: &[LaneFigures]) -> Result<ServeSettings, UpError> {
-    let text = serve_toml(config, figures);
-    ServeSettings::from_toml(&text).map_err(|e| UpError::Config {
+    ServeSettings::from_table(serve_table(config, figures)).map_err(|e| UpError::Config {
         key: "serve".into(),
         message: format!("the derived gateway configuration is refused: {e}"),
     })

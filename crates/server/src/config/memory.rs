@@ -290,6 +290,42 @@ impl MemoryConfig {
         out
     }
 
+    /// The same keys as [`MemoryConfig::to_toml`], as the `[memory]` table's value (what `up`
+    /// hands `serve` with the lanes it derives, no text on the way).
+    pub fn to_table(&self) -> toml::Table {
+        use toml::Value;
+        let mut t = toml::Table::new();
+        let int = |n: u64| Value::Integer(i64::try_from(n).unwrap_or(i64::MAX));
+        let ms = |d: Duration| Value::String(format!("{}ms", d.as_millis()));
+        t.insert("probe".into(), Value::String(self.probe.as_str().into()));
+        t.insert("device".into(), int(u64::from(self.device)));
+        if let Some(c) = self.capacity {
+            t.insert("capacity".into(), int(c));
+        }
+        t.insert("margin".into(), int(self.margin));
+        let watch = self
+            .watch
+            .iter()
+            .map(|u| Value::String(u.clone()))
+            .collect();
+        t.insert("watch".into(), Value::Array(watch));
+        t.insert("sample_interval".into(), ms(self.sample_interval));
+        t.insert("settle".into(), ms(self.settle));
+        t.insert("stale_after".into(), ms(self.stale_after));
+        t.insert("learn_quantile".into(), Value::Float(self.learn_quantile));
+        t.insert(
+            "learn_min_samples".into(),
+            int(self.learn_min_samples as u64),
+        );
+        if let Some(p) = &self.calibration {
+            t.insert(
+                "calibration".into(),
+                Value::String(p.to_string_lossy().into_owned()),
+            );
+        }
+        t
+    }
+
     /// The `RejectReason` code family this pool's refusals use.
     pub fn is_host(&self) -> bool {
         self.probe == ProbeKind::Host
@@ -303,6 +339,19 @@ mod tests {
     fn parse(text: &str) -> Result<MemoryConfig, ConfigError> {
         let t: MemoryTable = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
         t.validate("memory")
+    }
+
+    #[test]
+    fn the_table_holds_what_the_text_says() {
+        let c = parse(
+            "probe = \"host\"\ncapacity = \"1GiB\"\nmargin = \"64MiB\"\nwatch = [\"http://127.0.0.1:1\"]\ncalibration = \"/tmp/c.json\"\n",
+        )
+        .unwrap();
+        let text: toml::Table = c.to_toml().parse().unwrap();
+        assert_eq!(Some(&toml::Value::Table(c.to_table())), text.get("memory"));
+        let back: MemoryTable = toml::Value::Table(c.to_table()).try_into().unwrap();
+        assert_eq!(back.validate("memory").unwrap(), c);
+        assert_eq!(c.to_table()["capacity"], toml::Value::Integer(1 << 30));
     }
 
     #[test]
@@ -334,6 +383,7 @@ mod tests {
         .unwrap();
         assert!(c.enforce);
         assert!(!c.to_toml().contains("enforce"), "{}", c.to_toml());
+        assert!(!c.to_table().contains_key("enforce"));
         let nvml = parse("probe = \"nvml\"\nenforce = true\n").unwrap_err();
         assert!(nvml.to_string().contains("probe = \"host\""), "{nvml}");
     }

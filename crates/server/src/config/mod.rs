@@ -109,8 +109,33 @@ impl ServeSettings {
         Self::from_toml_unlocated(text, env).map_err(|e| with_line(text, e))
     }
 
+    /// Validates a configuration already held as a TOML table (what `up` derives for its box):
+    /// no text is written or parsed on the way. A refusal reads as [`ServeSettings::from_toml`]'s
+    /// of the same table written out, which is written only then.
+    pub fn from_table(table: toml::Table) -> Result<ServeSettings, ConfigError> {
+        Self::from_table_with_env(table, &|var| std::env::var(var).ok())
+    }
+
+    /// [`ServeSettings::from_table`], reading the variables it names with `env`.
+    pub fn from_table_with_env(
+        table: toml::Table,
+        env: &Env,
+    ) -> Result<ServeSettings, ConfigError> {
+        let written = |table: &toml::Table| toml::to_string(table).unwrap_or_default();
+        match toml::Value::Table(table.clone()).try_into::<RawConfig>() {
+            Ok(raw) => Self::from_raw(raw, env).map_err(|e| with_line(&written(&table), e)),
+            // The same refusal, located in the table's text.
+            Err(_) => Self::from_toml_with_env(&written(&table), env),
+        }
+    }
+
     fn from_toml_unlocated(text: &str, env: &Env) -> Result<ServeSettings, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, &e))?;
+        Self::from_raw(raw, env)
+    }
+
+    /// Validates what the user wrote, whatever it was read from.
+    fn from_raw(raw: RawConfig, env: &Env) -> Result<ServeSettings, ConfigError> {
         let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
         let listen = parse_listen(listen_text)?;
         let mut api_keys: Vec<String> =
@@ -334,6 +359,44 @@ impl ServeSettings {
 mod tests {
     use super::*;
     use headroom_gate::{Outlier, PREEMPT_ALL, Policy};
+
+    #[test]
+    fn a_table_validates_as_its_written_text_does() {
+        let none = |_: &str| None;
+        let table: toml::Table = MINIMAL.parse().unwrap();
+        let from_table = ServeSettings::from_table_with_env(table.clone(), &none).unwrap();
+        let from_text = ServeSettings::from_toml_with_env(MINIMAL, &none).unwrap();
+        assert_eq!(format!("{from_table:?}"), format!("{from_text:?}"));
+        assert_eq!(from_table.lanes[0].spec.max_inflight, 2);
+        // A refusal names the key and its line in the table written out (`up`'s derived lanes).
+        let mut bad = table.clone();
+        bad["lanes"].as_array_mut().unwrap()[0]
+            .as_table_mut()
+            .unwrap()
+            .insert("max_inflight".into(), toml::Value::Integer(0));
+        let written = toml::to_string(&bad).unwrap();
+        let e = ServeSettings::from_table_with_env(bad.clone(), &none).unwrap_err();
+        assert!(e.to_string().contains("max_inflight"), "{e}");
+        assert!(e.to_string().contains("line "), "{e}");
+        assert_eq!(
+            e.to_string(),
+            ServeSettings::from_toml_with_env(&written, &none)
+                .unwrap_err()
+                .to_string()
+        );
+        // So does a key serve does not know, which the table cannot even be read with.
+        let mut unknown = table;
+        unknown.insert("listne".into(), toml::Value::String("x".into()));
+        let e = ServeSettings::from_table_with_env(unknown.clone(), &none).unwrap_err();
+        let written = toml::to_string(&unknown).unwrap();
+        assert!(e.to_string().contains("listne"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            ServeSettings::from_toml_with_env(&written, &none)
+                .unwrap_err()
+                .to_string()
+        );
+    }
 
     const MINIMAL: &str = r#"listen = "127.0.0.1:8080"
 [[lanes]]
