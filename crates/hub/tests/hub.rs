@@ -134,9 +134,12 @@ async fn a_single_file_repository_and_a_cdn_that_ignores_range() {
     .unwrap();
     assert_eq!(f.shards, vec!["model.safetensors"]);
     assert_eq!(f.header_bytes, h.len() as u64);
-    // 8 GiB offered whole; the client stopped after the first range's worth.
+    // 8 GiB offered whole; the client stopped after the first range's worth. What the server
+    // counts as sent also holds what loopback's socket buffers took before the client closed (up
+    // to a few MiB, more when the client is descheduled on a busy machine: 4.4 MiB seen in CI), so
+    // the bound is 64 MiB: far from the 8 GiB a client reading it all would take.
     let sent = hub.served.shard_bytes.load(Ordering::Relaxed);
-    assert!(d >= 8 * GIB && sent < 16 * FIRST_RANGE_BYTES, "{sent}");
+    assert!(d >= 8 * GIB && sent < 64 << 20, "{sent}");
 }
 
 #[tokio::test]
