@@ -14,8 +14,10 @@ use crate::report::shown_flags;
 use crate::warmup;
 
 /// Measures whether one generation of the text engine slows each audio backend's job
-/// ([`contention`]); returns the audio lanes text gives way to and the settle for their jobs.
-/// A measurement that fails is said and derives nothing (the box file's settings stand).
+/// ([`contention`]); returns the audio lanes text gives way to with the settle for their jobs,
+/// and the audio backends that ran a job here (they may still hold it: see
+/// [`crate::bringup`]'s wait for them). A measurement that fails is said and derives nothing
+/// (the box file's settings stand).
 pub(crate) async fn text_beside_audio(
     ctx: &Ctx,
     t: &BackendConfig,
@@ -23,8 +25,9 @@ pub(crate) async fn text_beside_audio(
     alone: &BTreeMap<String, Duration>,
     kept: &BTreeMap<String, ContentionFigures>,
     calibration: &mut Calibration,
-) -> (Vec<String>, Option<Duration>) {
+) -> (GivesWay, Vec<String>) {
     let mut gives_way = GivesWay::default();
+    let mut ran = Vec::new();
     let max_tokens = generation_tokens(f.context_per_sequence);
     let flags = shown_flags(f);
     for b in ctx.config.audio() {
@@ -43,6 +46,7 @@ pub(crate) async fn text_beside_audio(
         }
         let known = alone.get(&b.name).copied();
         let measured = lane_contention(ctx, t, b, w, known, max_tokens).await;
+        ran.push(b.name.clone());
         match measured {
             Ok(c) => {
                 say_contention(ctx, t, &c);
@@ -55,7 +59,7 @@ pub(crate) async fn text_beside_audio(
             )),
         }
     }
-    (gives_way.lanes, gives_way.settle)
+    (gives_way, ran)
 }
 
 /// The audio lanes text gives way to, and the settle for their jobs: the longest any needs.

@@ -15,7 +15,7 @@ use crate::boxfile::BackendConfig;
 use crate::budget::{AudioFootprint, Budget, JobRoom, mib};
 use crate::ctx::{Ctx, now_ms};
 use crate::flags::TextFlags;
-use crate::kept::calibration_file;
+use crate::kept::{self, calibration_file};
 use crate::lanes::LaneFigures;
 use crate::launch::{Started, start};
 use crate::measure::{Measured, measure_audio, wait_steady};
@@ -47,7 +47,7 @@ pub(crate) async fn bring_up(
     }
     let mut lanes = audio.lanes.clone();
     if let Some(t) = ctx.config.text() {
-        lanes.push(bring_up_text_lane(ctx, t, started, &audio, &mut calibration).await?);
+        lanes.push(bring_up_text_lane(ctx, t, started, &mut audio, &mut calibration).await?);
     }
     keep_figures(ctx, &mut calibration, &calibration_path);
     Ok(lanes)
@@ -65,6 +65,36 @@ pub(crate) struct AudioLanes {
     /// Contention figures kept with the audio figures they were measured with (they stand while
     /// those do).
     kept_contention: BTreeMap<String, ContentionFigures>,
+}
+
+impl AudioLanes {
+    /// Raises the footprint of each backend that settled at a level (`levels`, after its jobs
+    /// beside text) above its measured resident by more than the kept figures' tolerance: that
+    /// level is what it keeps, and its peak moves up with it (a job still needs what it was
+    /// measured to add). Piper's speech server was seen to keep 244 MiB after its jobs beside a
+    /// generation, 198 MiB after the same jobs alone. Returns what was raised, in words.
+    fn grown(&mut self, levels: &[(String, u64)]) -> Vec<String> {
+        let mut said = Vec::new();
+        for (name, level) in levels {
+            let Some(f) = self.footprints.iter_mut().find(|f| &f.name == name) else {
+                continue;
+            };
+            if *level <= f.resident_bytes + kept::tolerance(f.resident_bytes) {
+                continue;
+            }
+            let growth = level - f.resident_bytes;
+            said.push(format!(
+                "is started again: [{name}] keeps {} after its jobs beside text, {} above the {} measured; its peak counts as {} (the kept figures stay as measured)",
+                mib(*level),
+                mib(growth),
+                mib(f.resident_bytes),
+                mib(f.peak_bytes + growth)
+            ));
+            f.resident_bytes = *level;
+            f.peak_bytes += growth;
+        }
+        said
+    }
 }
 
 /// The calibration file's figures, unless `--recalibrate` or it cannot be read (said).
@@ -180,21 +210,73 @@ async fn bring_up_audio_lane(
 
 /// Gives the text engine what the audio backends and co-tenants leave (its budget and flags),
 /// starts it, checks that every audio lane can still admit a job beside it, measures whether it
-/// slows the audio jobs; returns its lane.
+/// slows the audio jobs; returns its lane. An audio backend that keeps more after its jobs beside
+/// text than its measured figures say ([`AudioLanes::grown`]) leaves the text engine less: it
+/// is started again with the budget that leaves.
 async fn bring_up_text_lane(
     ctx: &Arc<Ctx>,
     t: &BackendConfig,
     started: &mut Vec<Started>,
-    audio: &AudioLanes,
+    audio: &mut AudioLanes,
     calibration: &mut Calibration,
 ) -> Result<LaneFigures, UpError> {
+    // Seen before the text engine starts: once it has run, its memory is the box's own.
     let cotenants = ctx
         .meter
-        .cotenants(started.iter().map(|s| s.group.pid), ctx.started_ms);
+        .cotenants(started.iter().map(|s| s.group.pid), ctx.started_ms)
+        .max_bytes();
+    let (mut text_flags, mut m) =
+        start_text(ctx, t, started, audio, cotenants, calibration).await?;
+    let (gives_way, ran) = text_beside_audio(
+        ctx,
+        t,
+        &text_flags,
+        &audio.alone,
+        &audio.kept_contention,
+        calibration,
+    )
+    .await;
+    let levels = back_at_rest(ctx, started, &ran).await?;
+    let grown = audio.grown(&levels);
+    if !grown.is_empty() {
+        for g in &grown {
+            ctx.say(&format!("up: [{}] {g}", t.name));
+        }
+        for f in &audio.footprints {
+            ctx.status.update(&f.name, |r| {
+                r.resident_bytes = f.resident_bytes;
+                r.peak_bytes = f.peak_bytes;
+            });
+        }
+        stop_text(ctx, started).await;
+        (text_flags, m) = start_text(ctx, t, started, audio, cotenants, calibration).await?;
+    }
+    calibration.set_backend(&t.name, m.text_calibration(t.engine));
+    calibration
+        .versions
+        .insert(t.name.clone(), versions_seen(t));
+    Ok(LaneFigures {
+        gives_way_to: gives_way.lanes,
+        preempt_settle: gives_way.settle,
+        ..LaneFigures::new(&t.name, 0, text_flags.sequences)
+    })
+}
+
+/// The text engine's budget and flags from what the audio backends and co-tenants (`cotenants`
+/// bytes) hold (said), the engine started with them and measured, and the check that every
+/// audio lane can still admit a job beside it.
+async fn start_text(
+    ctx: &Arc<Ctx>,
+    t: &BackendConfig,
+    started: &mut Vec<Started>,
+    audio: &AudioLanes,
+    cotenants: u64,
+    calibration: &mut Calibration,
+) -> Result<(TextFlags, Measured), UpError> {
     let budget = Budget::new(
         ctx.meter.capacity,
         &audio.footprints,
-        cotenants.max_bytes(),
+        cotenants,
         ctx.config.memory.margin,
     );
     ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
@@ -217,31 +299,45 @@ async fn bring_up_text_lane(
     });
     // The text engine fills its pages as its cache is used: count it at its plan.
     let text_held = m.resident.max(text_flags.expected.total_bytes);
-    let room = JobRoom::new(
-        ctx.meter.capacity,
-        &audio.footprints,
-        text_held,
-        cotenants.max_bytes(),
-    );
+    let room = JobRoom::new(ctx.meter.capacity, &audio.footprints, text_held, cotenants);
     check_audio_room(ctx, &room, &audio.lanes, calibration)?;
-    let (gives_way_to, preempt_settle) = text_beside_audio(
-        ctx,
-        t,
-        &text_flags,
-        &audio.alone,
-        &audio.kept_contention,
-        calibration,
-    )
-    .await;
-    calibration.set_backend(&t.name, m.text_calibration(t.engine));
-    calibration
-        .versions
-        .insert(t.name.clone(), versions_seen(t));
-    Ok(LaneFigures {
-        gives_way_to,
-        preempt_settle,
-        ..LaneFigures::new(&t.name, 0, text_flags.sequences)
-    })
+    Ok((text_flags, m))
+}
+
+/// Stops the text engine, the backend started last, before it is started again.
+async fn stop_text(ctx: &Ctx, started: &mut Vec<Started>) {
+    if let Some(mut s) = started.pop() {
+        s.group.stop(s.backend.stop_grace).await;
+        ctx.status.update(&s.backend.name, |r| {
+            r.state = BackendState::Starting;
+            r.pid = None;
+        });
+    }
+}
+
+/// Waits until each audio backend in `ran` (it just ran a job beside text) is steady again and
+/// returns the levels of those that are. A
+/// backend still near its job's peak when the gateway opens leaves the pool short of the lanes'
+/// needs, and the gateway refuses an audio job at once where it could never fit: seen as a
+/// first transcription refused with 174 MiB free, where the box at rest had about 230 MiB.
+async fn back_at_rest(
+    ctx: &Ctx,
+    started: &mut [Started],
+    ran: &[String],
+) -> Result<Vec<(String, u64)>, UpError> {
+    let mut levels = Vec::new();
+    for s in started.iter_mut().filter(|s| ran.contains(&s.backend.name)) {
+        let (level, steady) = wait_steady(ctx, &s.backend, &mut s.group).await?;
+        if steady {
+            ctx.say(&format!(
+                "up: [{}] at rest again after its jobs beside text: {}",
+                s.backend.name,
+                mib(level)
+            ));
+            levels.push((s.backend.name.clone(), level));
+        }
+    }
+    Ok(levels)
 }
 
 /// Keeps this start's figures in the calibration file (said; a failure is a warning).
@@ -367,11 +463,43 @@ pub(crate) async fn bring_up_text(
 
 #[cfg(test)]
 mod tests {
-    use super::never_admits;
+    use super::{AudioLanes, never_admits};
     use crate::budget::{AudioFootprint, JobRoom};
     use crate::lanes::LaneFigures;
 
     const MIB: u64 = 1024 * 1024;
+
+    fn footprint(name: &str, resident: u64, peak: u64) -> AudioFootprint {
+        AudioFootprint {
+            name: name.into(),
+            resident_bytes: resident * MIB,
+            peak_bytes: peak * MIB,
+        }
+    }
+
+    #[test]
+    fn a_backend_that_keeps_more_after_its_jobs_beside_text_counts_at_that_level() {
+        let mut audio = AudioLanes {
+            footprints: vec![footprint("stt", 227, 278), footprint("tts", 198, 198)],
+            ..AudioLanes::default()
+        };
+        // Whisper a little below its figure, piper 46 MiB above (the tolerance is 19.8 MiB).
+        let said = audio.grown(&[("stt".into(), 224 * MIB), ("tts".into(), 244 * MIB)]);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(said[0].contains("[tts] keeps 244"), "{said:?}");
+        assert_eq!(audio.footprints[0], footprint("stt", 227, 278));
+        assert_eq!(audio.footprints[1], footprint("tts", 244, 244));
+        // Within the tolerance: the measured figures stand.
+        let mut audio = AudioLanes {
+            footprints: vec![footprint("stt", 227, 278)],
+            ..AudioLanes::default()
+        };
+        assert!(audio.grown(&[("stt".into(), 245 * MIB)]).is_empty());
+        assert_eq!(audio.footprints[0], footprint("stt", 227, 278));
+        // Growth moves the peak by as much: a job still adds what it was measured to add.
+        assert_eq!(audio.grown(&[("stt".into(), 260 * MIB)]).len(), 1);
+        assert_eq!(audio.footprints[0], footprint("stt", 260, 311));
+    }
 
     #[test]
     fn a_lane_that_could_never_admit_a_job_says_by_how_much_the_box_is_short() {

@@ -72,7 +72,7 @@ pub fn kept_figures_apply(
 }
 
 /// How far a level may move between starts and still be the same: 10 % or 16 MiB.
-fn tolerance(level: u64) -> u64 {
+pub(crate) fn tolerance(level: u64) -> u64 {
     ((level as f64 * IDLE_TOLERANCE_FRACTION) as u64).max(IDLE_TOLERANCE_BYTES)
 }
 
