@@ -115,6 +115,18 @@ models:
     transcribe_options:
       beam_size: 1
       language: en
+  # The same files under a second name: a box can run a Whisper for long recordings beside the
+  # interactive one and route them by model name (examples/cpu-box-night.up.toml). A server
+  # loads only the models it is asked for.
+  - name: whisper-batch
+    path: $model
+    model_options:
+      device: cpu
+      compute_type: int8
+      cpu_threads: $THREADS
+    transcribe_options:
+      beam_size: 1
+      language: en
 YAML
 }
 

@@ -740,6 +740,7 @@ fn finish(
         refusals_without_retry_after: bare,
         leak_verdict: &leak_verdict,
         leak_reason: &leak_reason,
+        night_s: d.night_s,
         text_goodput: goodput,
         lanes: &lanes,
         left_behind,

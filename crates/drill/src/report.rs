@@ -240,11 +240,18 @@ pub struct Evidence<'a> {
     pub refusals_without_retry_after: u64,
     pub leak_verdict: &'a str,
     pub leak_reason: &'a str,
+    /// The night's length (its rounds' active parts and gaps), seconds.
+    pub night_s: f64,
     pub text_goodput: f64,
     pub lanes: &'a BTreeMap<String, LaneReport>,
     pub left_behind: &'a [u32],
     pub busy_after_night: &'a [String],
 }
+
+/// Nights shorter than this cannot tell a slow leak from a backend settling after its first
+/// jobs or a restart (rounds of seconds): there an inconclusive floor does not break `no_leak`;
+/// a floor that rises like a leak breaks it at any length.
+pub const LEAK_JUDGED_FROM_S: f64 = 1800.0;
 
 /// The page shows: an OOM kill, an audio lane's p99 above 3× its idle figure, or lost requests.
 pub fn page_shown(e: &Evidence) -> bool {
@@ -338,10 +345,20 @@ pub fn verdicts(e: &Evidence) -> Vec<Verdict> {
             e.refusals_without_retry_after, e.refusals
         ),
     );
+    let too_short = e.night_s < LEAK_JUDGED_FROM_S && e.leak_verdict == "inconclusive";
     push(
         "no_leak",
-        e.leak_verdict == "no_leak",
-        format!("{}: {}", e.leak_verdict, e.leak_reason),
+        e.leak_verdict == "no_leak" || too_short,
+        if too_short {
+            format!(
+                "inconclusive on a night of {:.0} min, too short to judge (from {:.0} min on it must read no_leak; a rising floor breaks it at any length): {}",
+                e.night_s / 60.0,
+                LEAK_JUDGED_FROM_S / 60.0,
+                e.leak_reason
+            )
+        } else {
+            format!("{}: {}", e.leak_verdict, e.leak_reason)
+        },
     );
     push(
         "text_goodput",
@@ -725,6 +742,7 @@ workers = 1
             refusals_without_retry_after: 0,
             leak_verdict: "no_leak",
             leak_reason: "flat",
+            night_s: 3600.0,
             text_goodput: 5.0,
             lanes: l,
             left_behind: &[],
@@ -792,6 +810,23 @@ workers = 1
         assert_eq!(
             broken(&Evidence {
                 leak_verdict: "inconclusive",
+                ..evidence(&l)
+            }),
+            vec!["no_leak"]
+        );
+        // A 3-minute night cannot tell: inconclusive holds there, a leak does not.
+        assert!(
+            broken(&Evidence {
+                leak_verdict: "inconclusive",
+                night_s: 180.0,
+                ..evidence(&l)
+            })
+            .is_empty()
+        );
+        assert_eq!(
+            broken(&Evidence {
+                leak_verdict: "leak",
+                night_s: 180.0,
                 ..evidence(&l)
             }),
             vec!["no_leak"]

@@ -69,8 +69,16 @@ pub struct ContentionFigures {
     pub text_step_seconds: Option<f64>,
     /// The text engine's flags when measured.
     pub text_flags: Vec<String>,
+    /// Generations streamed beside the job (the text lane's sequences); files from before this
+    /// field measured beside one.
+    #[serde(default = "one_generation")]
+    pub generations: u64,
     #[serde(default)]
     pub date: String,
+}
+
+fn one_generation() -> u64 {
+    1
 }
 
 fn default_format() -> u32 {

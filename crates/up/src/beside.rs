@@ -7,13 +7,14 @@ use std::time::Duration;
 use headroom_gpu::calibration::{Calibration, ContentionFigures};
 
 use crate::boxfile::{BackendConfig, Engine, Warmup};
-use crate::contention::{self, Contention};
+use crate::contention::{self, Contention, TextSide};
 use crate::ctx::Ctx;
 use crate::flags::TextFlags;
 use crate::report::shown_flags;
 use crate::warmup;
 
-/// Measures whether one generation of the text engine slows each audio backend's job
+/// Measures whether the text lane's generations (as many as it runs at once) slow each audio
+/// backend's job
 /// ([`contention`]); returns the audio lanes text gives way to with the settle for their jobs,
 /// and the audio backends that ran a job here (they may still hold it: see
 /// [`crate::bringup`]'s wait for them). A measurement that fails is said and derives nothing
@@ -29,11 +30,13 @@ pub(crate) async fn text_beside_audio(
     let mut gives_way = GivesWay::default();
     let mut ran = Vec::new();
     let max_tokens = generation_tokens(f.context_per_sequence);
+    let text = t.upstream();
     let flags = shown_flags(f);
     for b in ctx.config.audio() {
         let Some(w) = &b.warmup else { continue };
-        // Kept with the audio figures and measured beside the same text engine flags.
-        if let Some(k) = kept.get(&b.name).filter(|k| k.text_flags == flags) {
+        // Kept with the audio figures and measured beside the same text engine flags and as many
+        // generations as its lane runs now.
+        if let Some(k) = kept.get(&b.name).filter(|k| kept_applies(k, &flags, f)) {
             let c = Contention::from_kept(&b.name, k);
             ctx.say(&format!(
                 "up: [{}] beside [{}] (measured {}, the calibration file):",
@@ -45,7 +48,12 @@ pub(crate) async fn text_beside_audio(
             continue;
         }
         let known = alone.get(&b.name).copied();
-        let measured = lane_contention(ctx, t, b, w, known, max_tokens).await;
+        let side = TextSide {
+            base: &text,
+            generations: f.sequences,
+            max_tokens,
+        };
+        let measured = lane_contention(ctx, t, b, w, known, side).await;
         ran.push(b.name.clone());
         match measured {
             Ok(c) => {
@@ -60,6 +68,13 @@ pub(crate) async fn text_beside_audio(
         }
     }
     (gives_way, ran)
+}
+
+/// Whether a kept contention figure stands for the text engine started now: measured beside the
+/// same flags and as many generations as its lane runs (a figure from beside one generation
+/// says little of a lane that runs two).
+fn kept_applies(k: &ContentionFigures, flags: &[String], f: &TextFlags) -> bool {
+    k.text_flags == flags && k.generations == f.sequences.max(1)
 }
 
 /// The audio lanes text gives way to, and the settle for their jobs: the longest any needs.
@@ -94,12 +109,11 @@ pub(crate) async fn lane_contention(
     b: &BackendConfig,
     w: &Warmup,
     known: Option<Duration>,
-    max_tokens: u64,
+    text: TextSide<'_>,
 ) -> Result<Contention, String> {
     let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
     let shortest = warmup::prepare_shortest(b, w).map_err(|e| e.to_string())?;
-    let text = t.upstream();
-    let whole = contention::measure(&ctx.client, &b.name, &job, known, &text, max_tokens).await?;
+    let whole = contention::measure(&ctx.client, &b.name, &job, known, text).await?;
     let Some(short) = shortest.filter(|_| !whole.text_gives_way()) else {
         return Ok(whole);
     };
@@ -109,7 +123,7 @@ pub(crate) async fn lane_contention(
         b.name,
         whole.describe()
     ));
-    let short = contention::measure(&ctx.client, &b.name, &short, None, &text, max_tokens).await?;
+    let short = contention::measure(&ctx.client, &b.name, &short, None, text).await?;
     Ok(contention::worse(whole, short))
 }
 
@@ -148,9 +162,10 @@ mod tests {
 
     use headroom_gpu::calibration::ContentionFigures;
 
-    use super::{GivesWay, generation_tokens, verdict};
+    use super::{GivesWay, generation_tokens, kept_applies, verdict};
     use crate::boxfile::Engine;
     use crate::contention::Contention;
+    use crate::flags::TextFlags;
 
     fn contention(alone: f64, with_text: f64, step: Option<f64>) -> Contention {
         Contention::from_kept(
@@ -160,6 +175,7 @@ mod tests {
                 with_text_seconds: with_text,
                 text_step_seconds: step,
                 text_flags: Vec::new(),
+                generations: 1,
                 date: String::new(),
             },
         )
@@ -179,6 +195,38 @@ mod tests {
         g.count("vad", &contention(0.5, 2.0, Some(0.1)));
         assert_eq!(g.lanes, ["tts", "asr", "vad"]);
         assert_eq!(g.settle, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn a_kept_figure_stands_only_beside_the_same_flags_and_as_many_generations() {
+        // A calibration file written before generations were counted was measured beside one.
+        let old: ContentionFigures = serde_json::from_str(
+            r#"{"alone_seconds":0.45,"with_text_seconds":0.53,"text_flags":["-c","16384"]}"#,
+        )
+        .unwrap();
+        assert_eq!(old.generations, 1);
+        let flags = |sequences: u64| TextFlags {
+            args: Vec::new(),
+            env: Vec::new(),
+            sequences,
+            context_per_sequence: 8192,
+            expected: crate::flags::Expected {
+                weights_bytes: 0,
+                kv_cache_bytes: 0,
+                kv_tokens: 0,
+                total_bytes: 0,
+            },
+        };
+        let shown = vec!["-c".to_string(), "16384".to_string()];
+        assert!(kept_applies(&old, &shown, &flags(1)));
+        // The lane runs two now: measured again.
+        assert!(!kept_applies(&old, &shown, &flags(2)));
+        assert!(!kept_applies(&old, &["-c".to_string()], &flags(1)));
+        let two = ContentionFigures {
+            generations: 2,
+            ..old
+        };
+        assert!(kept_applies(&two, &shown, &flags(2)));
     }
 
     #[test]

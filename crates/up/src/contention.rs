@@ -1,10 +1,10 @@
 //! Whether text slows the audio down on this box, measured: an audio backend's warm-up job timed
-//! alone, then beside one streaming text generation, whose tokens before the job began give the
-//! text engine's decode step on its own. Where one
-//! generation slows the job by more than [`SLOWDOWN_LIMIT`] (engines on the same cores, or on the
-//! same GPU without room for both), the text lane yields to that audio lane and stops every
-//! running request when one of its jobs is admitted (`preempt`, `preempt_per_job = "all"`: one
-//! generation left running already costs that much); `preempt_settle` lets a decode step in
+//! alone, then beside as many streaming text generations as the text lane runs at once (its
+//! sequences: what the job meets on a busy night), whose tokens before the job began give the
+//! text engine's decode step on its own. Where they slow the job by more than [`SLOWDOWN_LIMIT`]
+//! (engines on the same cores, or on the same GPU without room for both), the text lane yields to
+//! that audio lane and stops every running request when one of its jobs is admitted (`preempt`,
+//! `preempt_per_job = "all"`); `preempt_settle` lets a decode step in
 //! progress end first ([`Contention::settle`]): the job waits alone for it, so the step on its
 //! own is the measure, not the step slowed by the job. Where it does not (enough cores for both), text
 //! runs on beside audio. The measuring is done here; the judging is pure.
@@ -16,7 +16,7 @@ use headroom_gpu::calibration::{ContentionFigures, now_rfc3339};
 
 use crate::warmup::{self, Job};
 
-/// Slowdown of an audio job beside one text generation above which text gives way to audio
+/// Slowdown of an audio job beside the text lane's generations above which text gives way to audio
 /// (the target `bench/protection.sh` holds a lane to: audio p95 within 1.2 × idle).
 pub const SLOWDOWN_LIMIT: f64 = 1.2;
 /// Bounds of the derived `preempt_settle`.
@@ -34,8 +34,10 @@ pub struct Contention {
     pub backend: String,
     /// The job alone (fastest of the rounds).
     pub alone: Duration,
-    /// The job beside one streaming generation (fastest of the rounds).
+    /// The job beside `generations` streaming generations (fastest of the rounds).
     pub with_text: Duration,
+    /// How many generations streamed beside the job (the text lane's sequences).
+    pub generations: u64,
     /// The longest gap between two tokens of that generation on its own (before the job).
     pub text_step: Option<Duration>,
 }
@@ -67,6 +69,7 @@ impl Contention {
             with_text_seconds: self.with_text.as_secs_f64(),
             text_step_seconds: self.text_step.map(|s| s.as_secs_f64()),
             text_flags: flags.to_vec(),
+            generations: self.generations,
             date: now_rfc3339(),
         }
     }
@@ -78,6 +81,7 @@ impl Contention {
             backend: backend.to_string(),
             alone: secs(k.alone_seconds),
             with_text: secs(k.with_text_seconds),
+            generations: k.generations,
             text_step: k.text_step_seconds.map(secs),
         }
     }
@@ -85,9 +89,13 @@ impl Contention {
     /// The progress line.
     pub fn describe(&self) -> String {
         format!(
-            "its job takes {:.2} s alone and {:.2} s beside one text generation (x{:.2}; the text engine's longest decode step on its own {})",
+            "its job takes {:.2} s alone and {:.2} s beside {} (x{:.2}; the text engine's longest decode step on its own {})",
             self.alone.as_secs_f64(),
             self.with_text.as_secs_f64(),
+            match self.generations {
+                1 => "one text generation".to_string(),
+                n => format!("{n} text generations"),
+            },
             self.slowdown(),
             self.text_step
                 .map_or("not seen".into(), |s| format!("{:.2} s", s.as_secs_f64()))
@@ -116,15 +124,14 @@ pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Dur
 }
 
 /// Measures `job` (an audio backend's warm-up) alone (unless `alone` is known: the fastest of
-/// its warm-up runs) and beside a streaming generation of the text engine at `text_base` with
-/// `max_tokens` (long enough to outlast the job).
+/// its warm-up runs) and beside `generations` streaming generations of the text engine at
+/// `text_base` with `max_tokens` each (long enough to outlast the job).
 pub async fn measure(
     client: &reqwest::Client,
     backend: &str,
     job: &Job,
     alone: Option<Duration>,
-    text_base: &str,
-    max_tokens: u64,
+    text: TextSide<'_>,
 ) -> Result<Contention, String> {
     let alone = match alone {
         Some(a) => a,
@@ -136,27 +143,32 @@ pub async fn measure(
             fastest
         }
     };
-    let model = served_model(client, text_base).await;
+    let model = served_model(client, text.base).await;
+    let generations = text.generations.max(1);
     let mut with_text = Duration::MAX;
     let mut text_step: Option<Duration> = None;
     for _ in 0..ROUNDS {
-        let stream = TextStream::start(client, text_base, &model, max_tokens).await?;
+        let mut streams = Vec::new();
+        for _ in 0..generations {
+            streams.push(TextStream::start(client, text.base, &model, text.max_tokens).await?);
+        }
         let begun = Instant::now();
-        stream.steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
+        streams[0].steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
         let from = Instant::now();
         let took = warmup::run(client, job).await;
-        let (stamps, finished) = stream.stop();
+        let seen: Vec<Seen> = streams.into_iter().map(TextStream::stop).collect();
         let took = took?.took;
-        if finished {
+        if let Some((stamps, _)) = seen.iter().find(|(_, finished)| *finished) {
             return Err(format!(
-                "the text generation ended before the audio job did ({} chunks)",
+                "a text generation ended before the audio job did ({} chunks)",
                 stamps.len()
             ));
         }
         with_text = with_text.min(took);
         // Decode steps on their own: the gaps between chunks after the first (which may come
         // before the prompt is evaluated) and before the job began.
-        let alone: Vec<Instant> = stamps
+        let alone: Vec<Instant> = seen[0]
+            .0
             .iter()
             .copied()
             .filter(|t| *t >= begun && *t <= from)
@@ -167,8 +179,18 @@ pub async fn measure(
         backend: backend.to_string(),
         alone,
         with_text,
+        generations,
         text_step,
     })
+}
+
+/// The text engine a job is measured beside: where it listens, how many generations stream at
+/// once (the text lane's sequences) and how long each may run.
+#[derive(Debug, Clone, Copy)]
+pub struct TextSide<'a> {
+    pub base: &'a str,
+    pub generations: u64,
+    pub max_tokens: u64,
 }
 
 /// The text engine's model name (`GET /v1/models`, first entry), which vLLM requires in a
@@ -283,6 +305,7 @@ mod tests {
             backend: "whisper".into(),
             alone: Duration::from_millis(alone_ms),
             with_text: Duration::from_millis(with_ms),
+            generations: 1,
             text_step: step_ms.map(Duration::from_millis),
         }
     }
@@ -296,12 +319,14 @@ mod tests {
             backend: "whisper".into(),
             alone: ms(11_310),
             with_text: ms(10_440),
+            generations: 1,
             text_step: Some(ms(10)),
         };
         let short = Contention {
             backend: "whisper".into(),
             alone: ms(370),
             with_text: ms(800),
+            generations: 1,
             text_step: Some(ms(30)),
         };
         assert!(!long.text_gives_way());
