@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --box) box=$2; shift 2 ;;
     --hand-set) hand_set=$2; shift 2 ;;
     --scenario) scenario=$2; shift 2 ;;
-    --without) without=(--without "$2"); shift 2 ;;
+    --without) without+=(--without "$2"); shift 2 ;;
     --idle-requests) idle=(--idle-requests "$2"); shift 2 ;;
     --debug) profile=debug; shift ;;
     *) echo "bench/night.sh: unknown argument $1" >&2; exit 2 ;;

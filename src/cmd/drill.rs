@@ -37,7 +37,7 @@ pub struct DrillArgs {
     pub expect: Option<ExpectArg>,
     /// Switch off a part of headroom in the box under up, to see the verdicts fail.
     #[arg(long, value_enum)]
-    pub without: Option<WithoutArg>,
+    pub without: Vec<WithoutArg>,
     /// More arguments for `headroom up` (repeat the flag for each).
     #[arg(long = "up-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub up_args: Vec<String>,
@@ -65,6 +65,9 @@ pub enum ExpectArg {
 pub enum WithoutArg {
     /// Audio lanes admit without a memory need.
     Admission,
+    /// The text engine sized to the memory free with audio at rest, not leaving room for its
+    /// peaks.
+    Sizing,
 }
 
 /// The co-tenant: holds memory for a while, then exits.
@@ -125,9 +128,14 @@ pub fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
         up_args: args.up_args,
         api_key: args.api_key,
         idle_requests: args.idle_requests,
-        without: args.without.map(|w| match w {
-            WithoutArg::Admission => Without::Admission,
-        }),
+        without: args
+            .without
+            .iter()
+            .map(|w| match w {
+                WithoutArg::Admission => Without::Admission,
+                WithoutArg::Sizing => Without::Sizing,
+            })
+            .collect(),
         ready_timeout: duration("--ready-timeout", &args.ready_timeout)?,
         progress: Arc::new(|line: &str| eprintln!("{line}")),
     };

@@ -72,6 +72,14 @@ impl Running {
         }
     }
 
+    /// `up`'s PID (its supervisor and gateway are one process); none for a box set up by hand.
+    pub fn supervisor_pid(&self) -> Option<u32> {
+        match self {
+            Running::Up(u) => Some(u.pid),
+            Running::HandSet(_) => None,
+        }
+    }
+
     /// Where requests for `backend` go: the gateway, or the engine itself.
     pub fn base_for(&self, backend: &BackendConfig) -> String {
         match self {

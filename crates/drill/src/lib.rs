@@ -13,6 +13,7 @@
 
 pub mod boxes;
 pub mod client;
+pub mod cpu;
 pub mod faults;
 pub mod handset;
 pub mod limit;
@@ -70,12 +71,16 @@ pub enum Without {
     /// Memory admission: audio lanes admit without a memory need (`gpu_memory_per_job = 0`,
     /// nothing learned).
     Admission,
+    /// The text engine's sizing: `up` sizes it to the memory free with the audio backends at
+    /// rest instead of leaving room for their peaks (`headroom up --size-text-at-rest`).
+    Sizing,
 }
 
 impl Without {
     pub fn as_str(self) -> &'static str {
         match self {
             Without::Admission => "without memory admission",
+            Without::Sizing => "without sizing",
         }
     }
 }
@@ -95,7 +100,8 @@ pub struct DrillOptions {
     /// More arguments for `headroom up`.
     pub up_args: Vec<String>,
     pub api_key: Option<String>,
-    pub without: Option<Without>,
+    /// Parts of headroom switched off (one or more).
+    pub without: Vec<Without>,
     /// Overrides the night file's `[idle] requests`.
     pub idle_requests: Option<u32>,
     /// Longest wait for the box to be ready.
@@ -131,44 +137,36 @@ fn api_key_of(config: &BoxConfig) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Writes a copy of the box file beside it with `without` switched off; returns its path.
-fn variant_box(
-    config: &BoxConfig,
-    box_path: &Path,
-    without: Without,
-) -> Result<PathBuf, DrillError> {
+/// Writes a copy of the box file beside it with memory admission switched off; returns its path.
+fn variant_box(config: &BoxConfig, box_path: &Path) -> Result<PathBuf, DrillError> {
     let text = std::fs::read_to_string(box_path)
         .map_err(|e| DrillError::BadInput(format!("cannot read {}: {e}", box_path.display())))?;
     let mut doc: toml::Table = text
         .parse()
         .map_err(|e| DrillError::BadInput(format!("{}: {e}", box_path.display())))?;
-    match without {
-        Without::Admission => {
-            let serve = doc
-                .entry("serve")
-                .or_insert_with(|| toml::Value::Table(Default::default()));
-            let lanes = serve
-                .as_table_mut()
-                .ok_or_else(|| DrillError::BadInput("[serve] is not a table".into()))?
-                .entry("lanes")
-                .or_insert_with(|| toml::Value::Table(Default::default()));
-            let lanes = lanes
-                .as_table_mut()
-                .ok_or_else(|| DrillError::BadInput("[serve.lanes] is not a table".into()))?;
-            for b in config.audio() {
-                let t = lanes
-                    .entry(b.name.clone())
-                    .or_insert_with(|| toml::Value::Table(Default::default()));
-                if let Some(t) = t.as_table_mut() {
-                    t.insert("gpu_memory_per_job".into(), toml::Value::Integer(0));
-                    t.insert(
-                        "gpu_memory_per_audio_second".into(),
-                        toml::Value::Integer(0),
-                    );
-                    t.insert("max_audio_seconds".into(), toml::Value::Float(3600.0));
-                    t.insert("learn".into(), toml::Value::Boolean(false));
-                }
-            }
+    let serve = doc
+        .entry("serve")
+        .or_insert_with(|| toml::Value::Table(Default::default()));
+    let lanes = serve
+        .as_table_mut()
+        .ok_or_else(|| DrillError::BadInput("[serve] is not a table".into()))?
+        .entry("lanes")
+        .or_insert_with(|| toml::Value::Table(Default::default()));
+    let lanes = lanes
+        .as_table_mut()
+        .ok_or_else(|| DrillError::BadInput("[serve.lanes] is not a table".into()))?;
+    for b in config.audio() {
+        let t = lanes
+            .entry(b.name.clone())
+            .or_insert_with(|| toml::Value::Table(Default::default()));
+        if let Some(t) = t.as_table_mut() {
+            t.insert("gpu_memory_per_job".into(), toml::Value::Integer(0));
+            t.insert(
+                "gpu_memory_per_audio_second".into(),
+                toml::Value::Integer(0),
+            );
+            t.insert("max_audio_seconds".into(), toml::Value::Float(3600.0));
+            t.insert("learn".into(), toml::Value::Boolean(false));
         }
     }
     let stem = box_path
@@ -214,7 +212,7 @@ pub async fn run(
         Some(p) => Some(HandSetPlan::load(p)?),
         None => None,
     };
-    if opts.without.is_some() && plan.is_some() {
+    if !opts.without.is_empty() && plan.is_some() {
         return Err(DrillError::BadInput(
             "--without switches off a part of headroom: it applies to the box under up, not the one set up by hand".into(),
         ));
@@ -264,18 +262,17 @@ pub async fn run(
             )
         }
         None => {
-            let box_path = match opts.without {
-                Some(w) => {
-                    let p = variant_box(&config, &opts.box_path, w)?;
-                    say(&format!(
-                        "drill: [up] {}: box file {}",
-                        w.as_str(),
-                        p.display()
-                    ));
-                    variant_file = Some(p.clone());
-                    p
-                }
-                None => opts.box_path.clone(),
+            let box_path = if opts.without.contains(&Without::Admission) {
+                let p = variant_box(&config, &opts.box_path)?;
+                say(&format!(
+                    "drill: [up] {}: box file {}",
+                    Without::Admission.as_str(),
+                    p.display()
+                ));
+                variant_file = Some(p.clone());
+                p
+            } else {
+                opts.box_path.clone()
             };
             let key = opts.api_key.clone().or_else(|| api_key_of(&config));
             // The same limit as the box set up by hand: on the host pool, up enforces capacity
@@ -284,6 +281,13 @@ pub async fn run(
             if host_pool && !config.memory.enforce && !up_args.iter().any(|a| a == "--enforce") {
                 say("drill: [up] the host pool's capacity enforced (headroom up --enforce)");
                 up_args.push("--enforce".into());
+            }
+            if opts.without.contains(&Without::Sizing) {
+                say(&format!(
+                    "drill: [up] {}: headroom up --size-text-at-rest",
+                    Without::Sizing.as_str()
+                ));
+                up_args.push("--size-text-at-rest".into());
             }
             let started = UpBox::start(
                 &opts.exe,
@@ -764,7 +768,13 @@ fn finish(
         schema_version: 1,
         tool: "headroom drill",
         mode,
-        variant: opts.without.map(|w| w.as_str().to_string()),
+        variant: (!opts.without.is_empty()).then(|| {
+            opts.without
+                .iter()
+                .map(|w| w.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }),
         box_file: opts.box_path.display().to_string(),
         scenario: night.name.clone(),
         scenario_file: opts.scenario_path.display().to_string(),
@@ -801,6 +811,18 @@ fn finish(
         busy_after_night: d.busy_after_night,
         box_details: details,
         samples: d.recorded.samples,
+        windows: report::windows(
+            night,
+            &d.records,
+            cpu::windows(
+                &d.recorded.cpu,
+                &cpu::bounds(d.night_start_s, d.night_s),
+                cpu::ticks_per_second(),
+            ),
+            d.night_start_s,
+        ),
+        cores: std::thread::available_parallelism().map_or(1, usize::from),
+        cpu_samples: d.recorded.cpu,
     };
     (report, d.records, d.gaps)
 }
@@ -850,7 +872,7 @@ mod tests {
             exe: "headroom".into(),
             up_args: Vec::new(),
             api_key: None,
-            without: None,
+            without: Vec::new(),
             idle_requests: None,
             ready_timeout: Duration::from_secs(1),
             progress: Arc::new(|_| {}),
@@ -917,6 +939,30 @@ workers = 1
             }
             gaps.push((t + 6.5, t + 9.5));
         }
+        // CPU read every 10 s: whisper uses half a second of it each time (5 % of a core), the
+        // machine one second (10 %), of which 2 % stolen.
+        let tps = cpu::ticks_per_second() as u64;
+        let cpu_samples: Vec<cpu::CpuSample> = (0..8u64)
+            .map(|i| cpu::CpuSample {
+                t_s: 5.0 + 10.0 * i as f64,
+                trees: [(
+                    "whisper".to_string(),
+                    Some(cpu::TreeCpu {
+                        root: 7,
+                        ticks: i * tps / 2,
+                        major_faults: 0,
+                    }),
+                )]
+                .into_iter()
+                .collect(),
+                machine: Some(cpu::MachineCpu {
+                    busy: i * tps,
+                    idle: i * tps * 18,
+                    iowait: 0,
+                    steal: i * tps / 5,
+                }),
+            })
+            .collect();
         let driven = Driven {
             records,
             faults: Vec::new(),
@@ -925,6 +971,7 @@ workers = 1
                 changes: Vec::new(),
                 last: boxes::View::default(),
                 limit_bytes: Some(1 << 30),
+                cpu: cpu_samples,
             },
             gaps,
             active_s: 6.0,
@@ -987,6 +1034,19 @@ workers = 1
         // The Markdown and the timeline are drawn from it.
         let md = report::markdown(&report);
         assert!(md.contains("| dictation | transcription | 6 | 6 |"), "{md}");
+        // The night (60 s from 9 s) in three windows of 20 s: each lane's median in each, and
+        // whisper's 5 % of a core beside the machine's other 5 % and 2 % stolen.
+        let w = &v["windows"];
+        assert_eq!(w.as_array().unwrap().len(), 3, "{w}");
+        assert_eq!(w[0]["from_s"], 0.0);
+        assert_eq!(w[2]["to_s"], 60.0);
+        assert_eq!(w[1]["lanes_p50_s"]["dictation"], 0.35);
+        assert_eq!(w[1]["lanes_p50_s"]["cleanup"], 2.5);
+        assert!((w[1]["cpu"]["percent_of_core"]["whisper"].as_f64().unwrap() - 5.0).abs() < 1e-9);
+        assert!((w[1]["cpu"]["other_percent"].as_f64().unwrap() - 5.0).abs() < 1e-9);
+        assert!((w[1]["cpu"]["steal_percent"].as_f64().unwrap() - 2.0).abs() < 1e-9);
+        assert!(md.contains("## By window of the night"), "{md}");
+        assert!(md.contains("| 20–40 s | 2.50 | 0.35 |"), "{md}");
         let svg = timeline::svg(&report, &[], &[], &["dictation".into(), "cleanup".into()]);
         assert!(svg.starts_with("<?xml") && svg.trim_end().ends_with("</svg>"));
     }

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::boxes::Mode;
 use crate::client::{End, Final, Record};
+use crate::cpu::{CpuSample, CpuWindow};
 use crate::faults::FaultRecord;
 use crate::scenario::{Night, StreamKind};
 use crate::watch::{MemSample, PidChange};
@@ -131,6 +132,137 @@ pub struct Report {
     pub busy_after_night: Vec<String>,
     pub box_details: serde_json::Value,
     pub samples: Vec<MemSample>,
+    /// The night in windows of about ten minutes: each lane's median and where the CPU went.
+    pub windows: Vec<WindowReport>,
+    /// The machine's CPUs (the CPU figures are percentages of one).
+    pub cores: usize,
+    pub cpu_samples: Vec<CpuSample>,
+}
+
+/// One window of the night (times in seconds into the night).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowReport {
+    pub from_s: f64,
+    pub to_s: f64,
+    /// Each lane's median served time over the requests sent in the window (`None`: none ok).
+    pub lanes_p50_s: BTreeMap<String, Option<f64>>,
+    pub cpu: CpuWindow,
+}
+
+/// The night's windows: `cpu_windows` (on the drill's clock, from [`crate::cpu::windows`]) with
+/// each lane's median over the requests sent in each.
+pub fn windows(
+    night: &Night,
+    records: &[Record],
+    cpu_windows: Vec<CpuWindow>,
+    night_start_s: f64,
+) -> Vec<WindowReport> {
+    cpu_windows
+        .into_iter()
+        .map(|cpu| {
+            let lanes_p50_s = night
+                .streams
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let served: Vec<f64> = records
+                        .iter()
+                        .filter(|r| r.stream == i && r.round.is_some())
+                        .filter(|r| r.sent_s() >= cpu.from_s && r.sent_s() < cpu.to_s)
+                        .filter_map(Record::served_secs)
+                        .collect();
+                    (s.name.clone(), percentile(&served, 50.0))
+                })
+                .collect();
+            WindowReport {
+                from_s: cpu.from_s - night_start_s,
+                to_s: cpu.to_s - night_start_s,
+                lanes_p50_s,
+                cpu: CpuWindow {
+                    from_s: cpu.from_s - night_start_s,
+                    to_s: cpu.to_s - night_start_s,
+                    ..cpu
+                },
+            }
+        })
+        .collect()
+}
+
+/// The windows as two Markdown tables: the lanes' medians, then the CPU.
+fn windows_markdown(r: &Report) -> String {
+    let Some(first) = r.windows.first() else {
+        return String::new();
+    };
+    let span = |w: &WindowReport| {
+        if w.to_s - w.from_s >= 120.0 {
+            format!("{:.0}–{:.0} min", w.from_s / 60.0, w.to_s / 60.0)
+        } else {
+            format!("{:.0}–{:.0} s", w.from_s, w.to_s)
+        }
+    };
+    let lanes: Vec<&String> = first.lanes_p50_s.keys().collect();
+    let mut o = String::from(
+        "## By window of the night\n\nEach lane's median (s) over the requests sent in the window, beside its idle figure:\n\n| into the night |",
+    );
+    for l in &lanes {
+        let idle = r.lanes.get(*l).and_then(|x| x.idle_p50_s);
+        o.push_str(&format!(" {l} (idle {}) |", fmt_s(idle)));
+    }
+    o.push_str(&format!("\n|---|{}\n", "---|".repeat(lanes.len())));
+    for w in &r.windows {
+        o.push_str(&format!("| {} |", span(w)));
+        for l in &lanes {
+            o.push_str(&format!(
+                " {} |",
+                fmt_s(w.lanes_p50_s.get(*l).copied().flatten())
+            ));
+        }
+        o.push('\n');
+    }
+    let mut names: Vec<&String> = r
+        .windows
+        .iter()
+        .flat_map(|w| w.cpu.percent_of_core.keys())
+        .collect();
+    names.sort();
+    names.dedup();
+    o.push_str(&format!(
+        "\nWhere the CPU went, % of one core ({} cores: {} % in all); major page faults in brackets:\n\n| into the night |",
+        r.cores,
+        r.cores * 100
+    ));
+    for n in &names {
+        o.push_str(&format!(" {n} |"));
+    }
+    o.push_str(" other | iowait | steal | idle |\n|---|");
+    o.push_str(&"---|".repeat(names.len() + 4));
+    o.push('\n');
+    let pct = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "–".into());
+    for w in &r.windows {
+        o.push_str(&format!("| {} |", span(w)));
+        for n in &names {
+            let p = w.cpu.percent_of_core.get(*n).copied();
+            let f = w.cpu.major_faults.get(*n).copied().unwrap_or(0);
+            o.push_str(&format!(
+                " {}{} |",
+                pct(p),
+                if f > 0 {
+                    format!(" ({f})")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+        o.push_str(&format!(
+            " {} | {} | {} | {} |\n",
+            pct(w.cpu.other_percent),
+            pct(w.cpu.iowait_percent),
+            pct(w.cpu.steal_percent),
+            pct(w.cpu.idle_percent)
+        ));
+    }
+    o.push('\n');
+    o
 }
 
 /// Per-lane figures from the records.
@@ -510,7 +642,9 @@ pub fn markdown(r: &Report) -> String {
             f.outcome
         ));
     }
-    o.push_str("\n![timeline](timeline.svg)\n");
+    o.push('\n');
+    o.push_str(&windows_markdown(r));
+    o.push_str("![timeline](timeline.svg)\n");
     o
 }
 

@@ -1,7 +1,8 @@
 //! The night's memory timeline: once a second, each backend's memory (its process tree's PSS, the
 //! way `up`'s host pool reads it, through `headroom-gpu`), the pool's cgroup usage and limit, the
 //! co-tenant's memory and the OOM kills counted so far. Both boxes are read the same way, by the
-//! drill itself; a backend whose PID changed was restarted.
+//! drill itself; a backend whose PID changed was restarted. Every [`CPU_EVERY`] the CPU each of
+//! them, `up` and the drill used is read as well ([`crate::cpu`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::boxes::{Running, View};
+use crate::cpu::{self, CpuSample};
+
+/// How often the CPU figures are read.
+pub const CPU_EVERY: Duration = Duration::from_secs(10);
 
 /// One reading.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -48,6 +53,7 @@ pub struct Recorded {
     pub changes: Vec<PidChange>,
     pub last: View,
     pub limit_bytes: Option<u64>,
+    pub cpu: Vec<CpuSample>,
 }
 
 /// Reads the box every `every` until `stop` turns true.
@@ -60,9 +66,14 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut pids: BTreeMap<String, Option<u32>> = BTreeMap::new();
+    let mut next_cpu = clock.elapsed();
     loop {
         let view = running.view().await;
         let t_s = clock.elapsed().as_secs_f64();
+        let cpu_now = (clock.elapsed() >= next_cpu && !view.backends.is_empty()).then(|| {
+            next_cpu += CPU_EVERY;
+            cpu_sample(&running, &view, t_s)
+        });
         let mut backends = BTreeMap::new();
         let mut changes = Vec::new();
         for b in &view.backends {
@@ -99,6 +110,7 @@ pub async fn run(
                 });
                 r.limit_bytes = view.limit_bytes.or(r.limit_bytes);
                 r.changes.extend(changes);
+                r.cpu.extend(cpu_now);
                 r.last = view;
             }
         }
@@ -108,6 +120,28 @@ pub async fn run(
         }
     }
 }
+
+/// The CPU figures now: each backend's tree, `up`'s own process, the drill's, the machine's.
+fn cpu_sample(running: &Running, view: &View, t_s: f64) -> CpuSample {
+    let mut trees: BTreeMap<String, Option<cpu::TreeCpu>> = view
+        .backends
+        .iter()
+        .map(|b| (b.name.clone(), b.pid.and_then(cpu::read_tree)))
+        .collect();
+    if let Some(up) = running.supervisor_pid() {
+        trees.insert(SUPERVISOR.into(), cpu::read_process(up));
+    }
+    trees.insert(DRILL.into(), cpu::read_process(std::process::id()));
+    CpuSample {
+        t_s,
+        trees,
+        machine: cpu::read_machine(),
+    }
+}
+
+/// The names `up` and the drill have among the CPU figures.
+pub const SUPERVISOR: &str = "up (supervisor + gateway)";
+pub const DRILL: &str = "drill";
 
 /// The lowest backends' total among samples in `[from, to]`.
 pub fn floor(samples: &[MemSample], from: f64, to: f64) -> Option<u64> {

@@ -15,6 +15,11 @@ pub struct UpOptions {
     pub log_dir: Option<PathBuf>,
     /// Keep the default log folder after a clean stop.
     pub keep_logs: bool,
+    /// Size the text engine to what the pool has free with the audio backends at rest, the way
+    /// one sizes an engine from the free memory one sees, instead of leaving room for their
+    /// peaks; an audio lane that could never admit a job beside it is a warning, not a refusal.
+    /// For `headroom drill --without sizing`, which shows what the sizing prevents.
+    pub text_at_rest: bool,
     /// Receives one line per step, as it happens.
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
 }

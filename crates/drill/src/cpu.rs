@@ -1,0 +1,359 @@
+//! Where the CPU went during a night: each backend's process tree, `up` itself (its supervisor and
+//! gateway run in one process), the drill, and the rest of the machine, beside the time the
+//! machine spent idle, waiting on I/O and stolen by its host. Read from `/proc` every few seconds
+//! and summed into windows of the night. On two shared cores a lane that slows over the night
+//! while its memory stays flat is explained here: a process whose CPU grows, a fault storm, or a
+//! machine that gave less.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// One process's cumulative figures from its `/proc/PID/stat`, in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcStat {
+    /// `utime + stime`: its own threads.
+    pub own: u64,
+    /// `cutime + cstime`: children it has waited for.
+    pub reaped: u64,
+    /// `majflt + cmajflt`: page faults that read from disk.
+    pub major_faults: u64,
+}
+
+/// A process tree's cumulative figures at one reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TreeCpu {
+    /// The PID the tree was read from: figures of two readings compare only for the same root.
+    pub root: u32,
+    pub ticks: u64,
+    pub major_faults: u64,
+}
+
+/// The machine's cumulative CPU time over all its CPUs, in clock ticks (`/proc/stat`'s `cpu`
+/// line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct MachineCpu {
+    /// user + nice + system + irq + softirq (guest time is inside user).
+    pub busy: u64,
+    pub idle: u64,
+    pub iowait: u64,
+    /// Time the hypervisor ran something else while this machine wanted to run.
+    pub steal: u64,
+}
+
+/// One reading of everything counted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuSample {
+    /// Seconds from the drill's clock start.
+    pub t_s: f64,
+    /// By name: each backend's tree, `up`'s own process, the drill's own process.
+    pub trees: BTreeMap<String, Option<TreeCpu>>,
+    pub machine: Option<MachineCpu>,
+}
+
+/// One window of the night: each name's CPU as a percentage of one core, and the machine's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CpuWindow {
+    pub from_s: f64,
+    pub to_s: f64,
+    /// Seconds between the readings summed (the window less what falls outside its readings).
+    pub covered_s: f64,
+    pub percent_of_core: BTreeMap<String, f64>,
+    pub major_faults: BTreeMap<String, u64>,
+    /// The machine's busy time that none of the names accounts for.
+    pub other_percent: Option<f64>,
+    pub idle_percent: Option<f64>,
+    pub iowait_percent: Option<f64>,
+    pub steal_percent: Option<f64>,
+}
+
+/// The `cpu` line of `/proc/stat`.
+pub fn parse_machine(stat: &str) -> Option<MachineCpu> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_ascii_whitespace()
+        .skip(1)
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    if v.len() < 4 {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal guest guest_nice
+    Some(MachineCpu {
+        busy: at(0) + at(1) + at(2) + at(5) + at(6),
+        idle: at(3),
+        iowait: at(4),
+        steal: at(7),
+    })
+}
+
+/// A `/proc/PID/stat` line. The command name (field 2) may hold spaces and parentheses, so the
+/// fields are counted from the last `)`.
+pub fn parse_process(stat: &str) -> Option<ProcStat> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // After the name: state(0) ppid(1) pgrp(2) session(3) tty_nr(4) tpgid(5) flags(6) minflt(7)
+    // cminflt(8) majflt(9) cmajflt(10) utime(11) stime(12) cutime(13) cstime(14).
+    let n = |i: usize| {
+        f.get(i)
+            .and_then(|x| x.parse::<i64>().ok())
+            .map(|x| x.max(0) as u64)
+    };
+    Some(ProcStat {
+        own: n(11)? + n(12)?,
+        reaped: n(13)? + n(14)?,
+        major_faults: n(9)? + n(10)?,
+    })
+}
+
+fn read_stat(pid: u32) -> Option<ProcStat> {
+    parse_process(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// `root`'s process tree: every member's own time and the time of the children it reaped (a
+/// reaped child's time moves into its parent's, so nothing is counted twice). `None` when `root`
+/// is gone.
+pub fn read_tree(root: u32) -> Option<TreeCpu> {
+    let pids = headroom_gpu::process_tree(root);
+    let first = read_stat(*pids.first()?)?;
+    let mut ticks = first.own + first.reaped;
+    let mut major_faults = first.major_faults;
+    for s in pids[1..].iter().filter_map(|p| read_stat(*p)) {
+        ticks += s.own + s.reaped;
+        major_faults += s.major_faults;
+    }
+    Some(TreeCpu {
+        root,
+        ticks,
+        major_faults,
+    })
+}
+
+/// One process alone, without its children: `up`, whose children are the backends (counted as
+/// theirs) and whose reaped children are backends that died.
+pub fn read_process(pid: u32) -> Option<TreeCpu> {
+    let s = read_stat(pid)?;
+    Some(TreeCpu {
+        root: pid,
+        ticks: s.own,
+        major_faults: s.major_faults,
+    })
+}
+
+/// The machine now.
+pub fn read_machine() -> Option<MachineCpu> {
+    parse_machine(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// Clock ticks per second of `/proc`'s figures.
+pub fn ticks_per_second() -> f64 {
+    rustix::param::clock_ticks_per_second() as f64
+}
+
+/// Sums the readings into one window per `[bounds[i], bounds[i + 1])`. A pair of consecutive
+/// readings belongs to the window its midpoint falls in; a name counts over a pair only when both
+/// readings saw the same root (a restarted backend's interval is left out).
+pub fn windows(samples: &[CpuSample], bounds: &[f64], ticks_per_s: f64) -> Vec<CpuWindow> {
+    bounds
+        .windows(2)
+        .map(|w| window(samples, w[0], w[1], ticks_per_s))
+        .collect()
+}
+
+fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWindow {
+    let pairs: Vec<(&CpuSample, &CpuSample)> = samples
+        .windows(2)
+        .map(|p| (&p[0], &p[1]))
+        .filter(|(a, b)| {
+            let mid = (a.t_s + b.t_s) / 2.0;
+            b.t_s > a.t_s && mid >= from && mid < to
+        })
+        .collect();
+    let covered: f64 = pairs.iter().map(|(a, b)| b.t_s - a.t_s).sum();
+    let pct = |ticks: u64| {
+        if covered > 0.0 {
+            ticks as f64 / ticks_per_s / covered * 100.0
+        } else {
+            0.0
+        }
+    };
+    let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    for (a, b) in &pairs {
+        for (name, now) in &b.trees {
+            let (Some(now), Some(Some(before))) = (now, a.trees.get(name)) else {
+                continue;
+            };
+            if now.root != before.root {
+                continue;
+            }
+            *ticks.entry(name.clone()).or_default() += now.ticks.saturating_sub(before.ticks);
+            *faults.entry(name.clone()).or_default() +=
+                now.major_faults.saturating_sub(before.major_faults);
+        }
+    }
+    let machine: Option<MachineCpu> =
+        pairs.iter().try_fold(MachineCpu::default(), |acc, (a, b)| {
+            let (a, b) = (a.machine?, b.machine?);
+            Some(MachineCpu {
+                busy: acc.busy + b.busy.saturating_sub(a.busy),
+                idle: acc.idle + b.idle.saturating_sub(a.idle),
+                iowait: acc.iowait + b.iowait.saturating_sub(a.iowait),
+                steal: acc.steal + b.steal.saturating_sub(a.steal),
+            })
+        });
+    let machine = machine.filter(|_| !pairs.is_empty());
+    let named: u64 = ticks.values().sum();
+    CpuWindow {
+        from_s: from,
+        to_s: to,
+        covered_s: covered,
+        percent_of_core: ticks.iter().map(|(k, v)| (k.clone(), pct(*v))).collect(),
+        major_faults: faults,
+        other_percent: machine.map(|m| pct(m.busy.saturating_sub(named))),
+        idle_percent: machine.map(|m| pct(m.idle)),
+        iowait_percent: machine.map(|m| pct(m.iowait)),
+        steal_percent: machine.map(|m| pct(m.steal)),
+    }
+}
+
+/// `n` equal windows over `[from, from + length]`: about ten minutes each, at least three and
+/// at most twelve.
+pub fn bounds(from: f64, length: f64) -> Vec<f64> {
+    let n = (length / 600.0).round().clamp(3.0, 12.0) as usize;
+    (0..=n)
+        .map(|i| from + length * i as f64 / n as f64)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_machine_line_splits_busy_from_idle_iowait_and_steal() {
+        let stat = "cpu  100 20 30 400 50 6 7 8 90 0\ncpu0 1 2 3 4 5 6 7 8 9 0\nintr 5\n";
+        let m = parse_machine(stat).unwrap();
+        // 100 + 20 + 30 + 6 + 7; guest (90) is inside user already.
+        assert_eq!(
+            m,
+            MachineCpu {
+                busy: 163,
+                idle: 400,
+                iowait: 50,
+                steal: 8
+            }
+        );
+        assert_eq!(parse_machine("cpu0 1 2 3 4\n"), None);
+        assert_eq!(parse_machine("cpu  1 x 3 4\n"), None);
+    }
+
+    #[test]
+    fn a_process_line_is_read_after_the_last_parenthesis() {
+        // A name with spaces and a `)` inside, as a Python launcher may set.
+        let stat = "4242 (py (worker) 1) S 1 4242 4242 0 -1 4194560 900 10 7 3 250 40 12 6 20 0 \
+                    9 0 100 1000 50";
+        assert_eq!(
+            parse_process(stat),
+            Some(ProcStat {
+                own: 290,
+                reaped: 18,
+                major_faults: 10
+            })
+        );
+        assert_eq!(parse_process("12 (x) S 1 2"), None);
+    }
+
+    fn sample(t: f64, a: Option<(u32, u64)>, machine: (u64, u64, u64, u64)) -> CpuSample {
+        CpuSample {
+            t_s: t,
+            trees: [(
+                "a".to_string(),
+                a.map(|(root, ticks)| TreeCpu {
+                    root,
+                    ticks,
+                    major_faults: ticks / 10,
+                }),
+            )]
+            .into_iter()
+            .collect(),
+            machine: Some(MachineCpu {
+                busy: machine.0,
+                idle: machine.1,
+                iowait: machine.2,
+                steal: machine.3,
+            }),
+        }
+    }
+
+    #[test]
+    fn windows_sum_pairs_by_midpoint_and_skip_a_restart() {
+        // 100 ticks a second; readings every 10 s.
+        let samples = vec![
+            sample(0.0, Some((7, 0)), (0, 0, 0, 0)),
+            sample(10.0, Some((7, 500)), (1_000, 900, 50, 50)),
+            sample(20.0, Some((7, 1_000)), (2_000, 1_800, 100, 100)),
+            // Restarted: a new root with its own count; this pair is left out for `a`.
+            sample(30.0, Some((8, 40)), (3_500, 2_300, 150, 250)),
+            sample(40.0, Some((8, 1_040)), (5_000, 2_800, 200, 400)),
+        ];
+        let w = windows(&samples, &[0.0, 20.0, 40.0], 100.0);
+        assert_eq!(w.len(), 2);
+        // First window: pairs (0,10) and (10,20): 1000 ticks over 20 s = 50 % of a core.
+        assert_eq!(w[0].covered_s, 20.0);
+        assert_eq!(w[0].percent_of_core["a"], 50.0);
+        assert_eq!(w[0].major_faults["a"], 100);
+        // The machine: 2000 busy ticks over 20 s = 100 %, of which `a` is 50: other 50.
+        assert_eq!(w[0].other_percent, Some(50.0));
+        assert_eq!(w[0].idle_percent, Some(90.0));
+        assert_eq!(w[0].iowait_percent, Some(5.0));
+        assert_eq!(w[0].steal_percent, Some(5.0));
+        // Second window: (20,30) is a restart, only (30,40) counts for `a`: 1000 ticks over the
+        // window's 20 s of readings = 50 %; the machine's 3000 busy ticks = 150 %.
+        assert_eq!(w[1].percent_of_core["a"], 50.0);
+        assert_eq!(w[1].other_percent, Some(100.0));
+        assert_eq!(w[1].steal_percent, Some(15.0));
+    }
+
+    /// A real tree: a shell that only waits, and its child that spins. The tree's figure has the
+    /// child's time; the root's own has almost none.
+    #[test]
+    fn a_tree_counts_its_children_and_a_process_alone_does_not() {
+        use rustix::process::{Pid, Signal, kill_process};
+        let mut shell = std::process::Command::new("sh")
+            .args(["-c", "sh -c 'while :; do :; done' & wait"])
+            .spawn()
+            .expect("sh");
+        let root = shell.id();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let (tree0, own0) = (read_tree(root), read_process(root));
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let (tree1, own1) = (read_tree(root), read_process(root));
+        for pid in headroom_gpu::process_tree(root).into_iter().rev() {
+            if let Some(p) = Pid::from_raw(pid as i32) {
+                let _ = kill_process(p, Signal::KILL);
+            }
+        }
+        let _ = shell.wait();
+        let tree = tree1.unwrap().ticks - tree0.unwrap().ticks;
+        let own = own1.unwrap().ticks - own0.unwrap().ticks;
+        let tree_s = tree as f64 / ticks_per_second();
+        // The spinner gets a tenth of a core over 1.5 s even on a busy two-core machine.
+        assert!(
+            tree_s >= 0.15,
+            "the tree used {tree_s:.2} s of CPU in 1.5 s"
+        );
+        assert!(
+            own * 10 <= tree,
+            "the waiting shell used {own} ticks, its tree {tree}"
+        );
+    }
+
+    #[test]
+    fn about_ten_minutes_a_window() {
+        assert_eq!(bounds(100.0, 3600.0).len(), 7);
+        assert_eq!(bounds(0.0, 120.0), vec![0.0, 40.0, 80.0, 120.0]);
+        assert_eq!(bounds(0.0, 36_000.0).len(), 13);
+    }
+}
