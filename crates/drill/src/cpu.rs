@@ -1,9 +1,11 @@
 //! Where the CPU went during a night: each backend's process tree, `up` itself (its supervisor and
 //! gateway run in one process), the drill, and the rest of the machine, beside the time the
-//! machine spent idle, waiting on I/O and stolen by its host. Read from `/proc` every few seconds
-//! and summed into windows of the night. On two shared cores a lane that slows over the night
-//! while its memory stays flat is explained here: a process whose CPU grows, a fault storm, or a
-//! machine that gave less.
+//! machine spent idle, waiting on I/O and stolen by its host; and what the pool's memory cgroup
+//! did with its file cache (its charge, the cache in it, file pages read again after the kernel
+//! evicted them to stay under the limit). Read from `/proc` and the cgroup every few seconds and
+//! summed into windows of the night. On two shared cores a lane that slows over the night while
+//! its memory stays flat is explained here: a process whose CPU grows, a cgroup at its limit
+//! evicting the files its engines run from, or a machine that gave less.
 
 use std::collections::BTreeMap;
 
@@ -41,6 +43,19 @@ pub struct MachineCpu {
     pub steal: u64,
 }
 
+/// The pool's memory cgroup at one reading, in bytes (the counts cumulative).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct CgroupMem {
+    /// The whole charge: what the limit is compared with (file cache included).
+    pub usage_bytes: u64,
+    /// File cache charged to it (logs written, model files read or mapped).
+    pub file_bytes: u64,
+    /// Of that, files mapped into the engines (mapped weights, libraries).
+    pub mapped_file_bytes: u64,
+    /// File pages read again after they were evicted (a page each), since the cgroup was made.
+    pub refaults: u64,
+}
+
 /// One reading of everything counted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CpuSample {
@@ -49,6 +64,8 @@ pub struct CpuSample {
     /// By name: each backend's tree, `up`'s own process, the drill's own process.
     pub trees: BTreeMap<String, Option<TreeCpu>>,
     pub machine: Option<MachineCpu>,
+    #[serde(default)]
+    pub cgroup: Option<CgroupMem>,
 }
 
 /// One window of the night: each name's CPU as a percentage of one core, and the machine's.
@@ -65,6 +82,11 @@ pub struct CpuWindow {
     pub idle_percent: Option<f64>,
     pub iowait_percent: Option<f64>,
     pub steal_percent: Option<f64>,
+    /// The pool's cgroup: its highest charge, its file cache at the window's last reading, and
+    /// the file data read again after eviction during the window.
+    pub cgroup_peak_usage_bytes: Option<u64>,
+    pub cgroup_file_bytes: Option<u64>,
+    pub cgroup_refault_bytes: Option<u64>,
 }
 
 /// The `cpu` line of `/proc/stat`.
@@ -86,6 +108,43 @@ pub fn parse_machine(stat: &str) -> Option<MachineCpu> {
         iowait: at(4),
         steal: at(7),
     })
+}
+
+/// A memory cgroup's `memory.stat`: v1's hierarchical `total_*` keys, or v2's.
+pub fn parse_cgroup_stat(stat: &str, usage_bytes: u64) -> Option<CgroupMem> {
+    let field = |key: &str| {
+        stat.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse::<u64>().ok())?
+        })
+    };
+    if let Some(file_bytes) = field("total_cache") {
+        return Some(CgroupMem {
+            usage_bytes,
+            file_bytes,
+            mapped_file_bytes: field("total_mapped_file").unwrap_or(0),
+            refaults: field("total_workingset_refault_file")
+                .or_else(|| field("total_workingset_refault"))
+                .unwrap_or(0),
+        });
+    }
+    Some(CgroupMem {
+        usage_bytes,
+        file_bytes: field("file")?,
+        mapped_file_bytes: field("file_mapped").unwrap_or(0),
+        refaults: field("workingset_refault_file")
+            .or_else(|| field("workingset_refault"))
+            .unwrap_or(0),
+    })
+}
+
+/// The memory cgroup in `dir` (v1 or v2) now.
+pub fn read_cgroup(dir: &std::path::Path) -> Option<CgroupMem> {
+    let usage = ["memory.current", "memory.usage_in_bytes"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(dir.join(f)).ok())?;
+    let stat = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+    parse_cgroup_stat(&stat, usage.trim().parse().ok()?)
 }
 
 /// A `/proc/PID/stat` line. The command name (field 2) may hold spaces and parentheses, so the
@@ -205,6 +264,14 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
         });
     let machine = machine.filter(|_| !pairs.is_empty());
     let named: u64 = ticks.values().sum();
+    let page = rustix::param::page_size() as u64;
+    let refaults: Option<u64> = pairs.iter().try_fold(0u64, |acc, (a, b)| {
+        Some(acc + b.cgroup?.refaults.saturating_sub(a.cgroup?.refaults))
+    });
+    let mut inside = samples
+        .iter()
+        .filter(|s| s.t_s >= from && s.t_s < to)
+        .filter_map(|s| s.cgroup);
     CpuWindow {
         from_s: from,
         to_s: to,
@@ -215,6 +282,9 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
         idle_percent: machine.map(|m| pct(m.idle)),
         iowait_percent: machine.map(|m| pct(m.iowait)),
         steal_percent: machine.map(|m| pct(m.steal)),
+        cgroup_peak_usage_bytes: inside.clone().map(|c| c.usage_bytes).max(),
+        cgroup_file_bytes: inside.next_back().map(|c| c.file_bytes),
+        cgroup_refault_bytes: refaults.filter(|_| !pairs.is_empty()).map(|r| r * page),
     }
 }
 
@@ -265,6 +335,33 @@ mod tests {
         assert_eq!(parse_process("12 (x) S 1 2"), None);
     }
 
+    #[test]
+    fn the_cgroup_stat_reads_v1_totals_and_v2_keys() {
+        let v1 = "cache 5\nmapped_file 1\ntotal_cache 371347456\ntotal_mapped_file 162689024\n\
+                  total_workingset_refault_file 132446\ntotal_inactive_file 9\n";
+        assert_eq!(
+            parse_cgroup_stat(v1, 2_577_039_360),
+            Some(CgroupMem {
+                usage_bytes: 2_577_039_360,
+                file_bytes: 371_347_456,
+                mapped_file_bytes: 162_689_024,
+                refaults: 132_446
+            })
+        );
+        let v2 = "anon 100\nfile 4096\nfile_mapped 2048\nworkingset_refault_anon 3\n\
+                  workingset_refault_file 7\n";
+        assert_eq!(
+            parse_cgroup_stat(v2, 9000),
+            Some(CgroupMem {
+                usage_bytes: 9000,
+                file_bytes: 4096,
+                mapped_file_bytes: 2048,
+                refaults: 7
+            })
+        );
+        assert_eq!(parse_cgroup_stat("anon 1\n", 1), None);
+    }
+
     fn sample(t: f64, a: Option<(u32, u64)>, machine: (u64, u64, u64, u64)) -> CpuSample {
         CpuSample {
             t_s: t,
@@ -283,6 +380,12 @@ mod tests {
                 idle: machine.1,
                 iowait: machine.2,
                 steal: machine.3,
+            }),
+            cgroup: Some(CgroupMem {
+                usage_bytes: 1000 + t as u64,
+                file_bytes: t as u64,
+                mapped_file_bytes: 0,
+                refaults: 3 * t as u64,
             }),
         }
     }
@@ -309,6 +412,12 @@ mod tests {
         assert_eq!(w[0].idle_percent, Some(90.0));
         assert_eq!(w[0].iowait_percent, Some(5.0));
         assert_eq!(w[0].steal_percent, Some(5.0));
+        // The cgroup: its highest charge among the readings inside the window (0 and 10 s),
+        // its cache at the last of them, and 60 pages read again over the pairs (3 a second).
+        assert_eq!(w[0].cgroup_peak_usage_bytes, Some(1010));
+        assert_eq!(w[0].cgroup_file_bytes, Some(10));
+        let page = rustix::param::page_size() as u64;
+        assert_eq!(w[0].cgroup_refault_bytes, Some(60 * page));
         // Second window: (20,30) is a restart, only (30,40) counts for `a`: 1000 ticks over the
         // window's 20 s of readings = 50 %; the machine's 3000 busy ticks = 150 %.
         assert_eq!(w[1].percent_of_core["a"], 50.0);

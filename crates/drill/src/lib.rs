@@ -961,6 +961,7 @@ workers = 1
                     iowait: 0,
                     steal: i * tps / 5,
                 }),
+                cgroup: None,
             })
             .collect();
         let driven = Driven {

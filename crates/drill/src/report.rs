@@ -227,15 +227,15 @@ fn windows_markdown(r: &Report) -> String {
     names.sort();
     names.dedup();
     o.push_str(&format!(
-        "\nWhere the CPU went, % of one core ({} cores: {} % in all); major page faults in brackets:\n\n| into the night |",
+        "\nWhere the CPU went, % of one core ({} cores: {} % in all); major page faults in brackets; the pool's memory cgroup: its highest charge (what the limit is compared with, file cache included), the file cache in it, and file data read again after the kernel evicted it to stay under the limit:\n\n| into the night |",
         r.cores,
         r.cores * 100
     ));
     for n in &names {
         o.push_str(&format!(" {n} |"));
     }
-    o.push_str(" other | iowait | steal | idle |\n|---|");
-    o.push_str(&"---|".repeat(names.len() + 4));
+    o.push_str(" other | iowait | steal | idle | pool charge MiB (file cache) | file read again MiB |\n|---|");
+    o.push_str(&"---|".repeat(names.len() + 6));
     o.push('\n');
     let pct = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "–".into());
     for w in &r.windows {
@@ -253,12 +253,19 @@ fn windows_markdown(r: &Report) -> String {
                 }
             ));
         }
+        let mb = |b: Option<u64>| {
+            b.map(|b| format!("{:.0}", b as f64 / 1048576.0))
+                .unwrap_or_else(|| "–".into())
+        };
         o.push_str(&format!(
-            " {} | {} | {} | {} |\n",
+            " {} | {} | {} | {} | {} ({}) | {} |\n",
             pct(w.cpu.other_percent),
             pct(w.cpu.iowait_percent),
             pct(w.cpu.steal_percent),
-            pct(w.cpu.idle_percent)
+            pct(w.cpu.idle_percent),
+            mb(w.cpu.cgroup_peak_usage_bytes),
+            mb(w.cpu.cgroup_file_bytes),
+            mb(w.cpu.cgroup_refault_bytes)
         ));
     }
     o.push('\n');

@@ -136,6 +136,11 @@ fn cpu_sample(running: &Running, view: &View, t_s: f64) -> CpuSample {
         t_s,
         trees,
         machine: cpu::read_machine(),
+        cgroup: view
+            .procs_file
+            .as_deref()
+            .and_then(std::path::Path::parent)
+            .and_then(cpu::read_cgroup),
     }
 }
 
