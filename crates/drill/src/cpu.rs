@@ -20,6 +20,8 @@ pub struct ProcStat {
     pub reaped: u64,
     /// `majflt + cmajflt`: page faults that read from disk.
     pub major_faults: u64,
+    /// `minflt + cminflt`: page faults served from memory (fresh pages an allocator touches).
+    pub minor_faults: u64,
 }
 
 /// A process tree's cumulative figures at one reading.
@@ -29,6 +31,8 @@ pub struct TreeCpu {
     pub root: u32,
     pub ticks: u64,
     pub major_faults: u64,
+    #[serde(default)]
+    pub minor_faults: u64,
 }
 
 /// The machine's cumulative CPU time over all its CPUs, in clock ticks (`/proc/stat`'s `cpu`
@@ -77,6 +81,7 @@ pub struct CpuWindow {
     pub covered_s: f64,
     pub percent_of_core: BTreeMap<String, f64>,
     pub major_faults: BTreeMap<String, u64>,
+    pub minor_faults: BTreeMap<String, u64>,
     /// The machine's busy time that none of the names accounts for.
     pub other_percent: Option<f64>,
     pub idle_percent: Option<f64>,
@@ -163,6 +168,7 @@ pub fn parse_process(stat: &str) -> Option<ProcStat> {
         own: n(11)? + n(12)?,
         reaped: n(13)? + n(14)?,
         major_faults: n(9)? + n(10)?,
+        minor_faults: n(7)? + n(8)?,
     })
 }
 
@@ -178,14 +184,17 @@ pub fn read_tree(root: u32) -> Option<TreeCpu> {
     let first = read_stat(*pids.first()?)?;
     let mut ticks = first.own + first.reaped;
     let mut major_faults = first.major_faults;
+    let mut minor_faults = first.minor_faults;
     for s in pids[1..].iter().filter_map(|p| read_stat(*p)) {
         ticks += s.own + s.reaped;
         major_faults += s.major_faults;
+        minor_faults += s.minor_faults;
     }
     Some(TreeCpu {
         root,
         ticks,
         major_faults,
+        minor_faults,
     })
 }
 
@@ -197,6 +206,7 @@ pub fn read_process(pid: u32) -> Option<TreeCpu> {
         root: pid,
         ticks: s.own,
         major_faults: s.major_faults,
+        minor_faults: s.minor_faults,
     })
 }
 
@@ -239,6 +249,7 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
     };
     let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    let mut minor: BTreeMap<String, u64> = BTreeMap::new();
     for (a, b) in &pairs {
         for (name, now) in &b.trees {
             let (Some(now), Some(Some(before))) = (now, a.trees.get(name)) else {
@@ -250,6 +261,8 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
             *ticks.entry(name.clone()).or_default() += now.ticks.saturating_sub(before.ticks);
             *faults.entry(name.clone()).or_default() +=
                 now.major_faults.saturating_sub(before.major_faults);
+            *minor.entry(name.clone()).or_default() +=
+                now.minor_faults.saturating_sub(before.minor_faults);
         }
     }
     let machine: Option<MachineCpu> =
@@ -278,6 +291,7 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
         covered_s: covered,
         percent_of_core: ticks.iter().map(|(k, v)| (k.clone(), pct(*v))).collect(),
         major_faults: faults,
+        minor_faults: minor,
         other_percent: machine.map(|m| pct(m.busy.saturating_sub(named))),
         idle_percent: machine.map(|m| pct(m.idle)),
         iowait_percent: machine.map(|m| pct(m.iowait)),
@@ -329,7 +343,8 @@ mod tests {
             Some(ProcStat {
                 own: 290,
                 reaped: 18,
-                major_faults: 10
+                major_faults: 10,
+                minor_faults: 910
             })
         );
         assert_eq!(parse_process("12 (x) S 1 2"), None);
@@ -371,6 +386,7 @@ mod tests {
                     root,
                     ticks,
                     major_faults: ticks / 10,
+                    minor_faults: ticks,
                 }),
             )]
             .into_iter()
@@ -407,6 +423,7 @@ mod tests {
         assert_eq!(w[0].covered_s, 20.0);
         assert_eq!(w[0].percent_of_core["a"], 50.0);
         assert_eq!(w[0].major_faults["a"], 100);
+        assert_eq!(w[0].minor_faults["a"], 1_000);
         // The machine: 2000 busy ticks over 20 s = 100 %, of which `a` is 50: other 50.
         assert_eq!(w[0].other_percent, Some(50.0));
         assert_eq!(w[0].idle_percent, Some(90.0));

@@ -951,6 +951,7 @@ workers = 1
                         root: 7,
                         ticks: i * tps / 2,
                         major_faults: 0,
+                        minor_faults: 0,
                     }),
                 )]
                 .into_iter()
