@@ -75,7 +75,10 @@ pub struct CpuSample {
 /// One window of the night: each name's CPU as a percentage of one core, and the machine's.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CpuWindow {
+    /// The window on the drill's clock (the report gives it as seconds into the night).
+    #[serde(skip)]
     pub from_s: f64,
+    #[serde(skip)]
     pub to_s: f64,
     /// Seconds between the readings summed (the window less what falls outside its readings).
     pub covered_s: f64,

@@ -178,11 +178,7 @@ pub fn windows(
                 from_s: cpu.from_s - night_start_s,
                 to_s: cpu.to_s - night_start_s,
                 lanes_p50_s,
-                cpu: CpuWindow {
-                    from_s: cpu.from_s - night_start_s,
-                    to_s: cpu.to_s - night_start_s,
-                    ..cpu
-                },
+                cpu,
             }
         })
         .collect()
