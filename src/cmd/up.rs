@@ -54,10 +54,10 @@ pub struct UpArgs {
     /// runs in one memory cgroup limited to it (host pool only; needs a writable memory cgroup).
     #[arg(long)]
     pub enforce: bool,
-    /// Size the text engine to the memory free with the audio backends at rest instead of
-    /// leaving room for their peaks (`headroom drill --without sizing`; never for a real box).
+    /// Start the text engine with none of the flags up computes for it: its own defaults size
+    /// it (`headroom drill --without sizing`; never for a real box).
     #[arg(long, hide = true)]
-    pub size_text_at_rest: bool,
+    pub text_engine_defaults: bool,
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -101,7 +101,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         recalibrate: args.recalibrate,
         log_dir: args.log_dir,
         keep_logs: args.keep_logs,
-        text_at_rest: args.size_text_at_rest,
+        text_engine_defaults: args.text_engine_defaults,
         progress: Arc::new(line),
     };
     // The gateway `up` runs holds a socket per client and per upstream connection.

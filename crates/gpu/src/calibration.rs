@@ -58,8 +58,9 @@ pub struct Calibration {
     pub contention: BTreeMap<String, ContentionFigures>,
 }
 
-/// An audio backend's warm-up job timed alone and beside one streaming generation of the text
-/// engine (started with `text_flags`), kept so a start with the same figures and flags skips it.
+/// An audio backend's job timed alone and beside the text lane's streaming generations (the
+/// text engine started with `text_flags`), kept so a start with the same figures and flags skips
+/// it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContentionFigures {
     pub alone_seconds: f64,
@@ -73,8 +74,16 @@ pub struct ContentionFigures {
     /// field measured beside one.
     #[serde(default = "one_generation")]
     pub generations: u64,
+    /// How `with_text_seconds` was taken from its rounds: `"median"` (of three); files from
+    /// before this field kept the fastest of two (`"fastest"`), which is measured again.
+    #[serde(default = "fastest")]
+    pub with_text_of_rounds: String,
     #[serde(default)]
     pub date: String,
+}
+
+fn fastest() -> String {
+    "fastest".into()
 }
 
 fn one_generation() -> u64 {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use headroom_gpu::calibration::{Calibration, ContentionFigures};
 
 use crate::boxfile::{BackendConfig, Engine, Warmup};
-use crate::contention::{self, Contention, TextSide};
+use crate::contention::{self, Contention, Rounds, TextSide};
 use crate::ctx::Ctx;
 use crate::flags::TextFlags;
 use crate::report::shown_flags;
@@ -72,9 +72,11 @@ pub(crate) async fn text_beside_audio(
 
 /// Whether a kept contention figure stands for the text engine started now: measured beside the
 /// same flags and as many generations as its lane runs (a figure from beside one generation
-/// says little of a lane that runs two).
+/// says little of a lane that runs two), and taken from its rounds the way `up` takes it now.
 fn kept_applies(k: &ContentionFigures, flags: &[String], f: &TextFlags) -> bool {
-    k.text_flags == flags && k.generations == f.sequences.max(1)
+    k.text_flags == flags
+        && k.generations == f.sequences.max(1)
+        && k.with_text_of_rounds == contention::WITH_TEXT_OF_ROUNDS
 }
 
 /// The audio lanes text gives way to, and the settle for their jobs: the longest any needs.
@@ -100,9 +102,11 @@ pub(crate) fn generation_tokens(context_per_sequence: u64) -> u64 {
     context_per_sequence.saturating_sub(128).clamp(16, 1024)
 }
 
-/// Times `b`'s warm-up job beside the text engine and, when that job does not already make text
-/// give way and the lane has a shorter one ([`warmup::prepare_shortest`]), its shortest job too;
-/// the lane's figure is the one text slows most ([`contention::worse`]).
+/// Times `b`'s shortest job beside the text engine ([`warmup::prepare_shortest`]) and, when
+/// that does not already make text give way, its warm-up job too, once ([`Rounds::Long`]); the
+/// lane's figure is the one text slows most ([`contention::worse`]). The short job first: it is
+/// the one a shared core slows most (a lane's long job spans the text engine's pauses between
+/// requests), and it takes a second where the warm-up may take a minute.
 pub(crate) async fn lane_contention(
     ctx: &Ctx,
     t: &BackendConfig,
@@ -113,17 +117,21 @@ pub(crate) async fn lane_contention(
 ) -> Result<Contention, String> {
     let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
     let shortest = warmup::prepare_shortest(b, w).map_err(|e| e.to_string())?;
-    let whole = contention::measure(&ctx.client, &b.name, &job, known, text).await?;
-    let Some(short) = shortest.filter(|_| !whole.text_gives_way()) else {
-        return Ok(whole);
+    let Some(short) = shortest else {
+        return contention::measure(&ctx.client, &b.name, &job, known, text, Rounds::Short).await;
     };
+    let short =
+        contention::measure(&ctx.client, &b.name, &short, None, text, Rounds::Short).await?;
+    if short.text_gives_way() {
+        return Ok(short);
+    }
     ctx.say(&format!(
-        "up: [{}] beside [{}], its warm-up job: {}; and its shortest job:",
+        "up: [{}] beside [{}], its shortest job: {}; and its warm-up job:",
         t.name,
         b.name,
-        whole.describe()
+        short.describe()
     ));
-    let short = contention::measure(&ctx.client, &b.name, &short, None, text).await?;
+    let whole = contention::measure(&ctx.client, &b.name, &job, known, text, Rounds::Long).await?;
     Ok(contention::worse(whole, short))
 }
 
@@ -176,6 +184,7 @@ mod tests {
                 text_step_seconds: step,
                 text_flags: Vec::new(),
                 generations: 1,
+                with_text_of_rounds: "median".into(),
                 date: String::new(),
             },
         )
@@ -198,7 +207,7 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_figure_stands_only_beside_the_same_flags_and_as_many_generations() {
+    fn a_kept_figure_stands_only_beside_the_same_flags_and_generations_taken_the_same_way() {
         // A calibration file written before generations were counted was measured beside one.
         let old: ContentionFigures = serde_json::from_str(
             r#"{"alone_seconds":0.45,"with_text_seconds":0.53,"text_flags":["-c","16384"]}"#,
@@ -218,6 +227,13 @@ mod tests {
             },
         };
         let shown = vec!["-c".to_string(), "16384".to_string()];
+        // Its figure was the fastest of its rounds: measured again.
+        assert_eq!(old.with_text_of_rounds, "fastest");
+        assert!(!kept_applies(&old, &shown, &flags(1)));
+        let old = ContentionFigures {
+            with_text_of_rounds: "median".into(),
+            ..old
+        };
         assert!(kept_applies(&old, &shown, &flags(1)));
         // The lane runs two now: measured again.
         assert!(!kept_applies(&old, &shown, &flags(2)));

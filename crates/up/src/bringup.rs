@@ -273,36 +273,28 @@ async fn start_text(
     cotenants: u64,
     calibration: &mut Calibration,
 ) -> Result<(TextFlags, Measured), UpError> {
-    let at_rest: Vec<AudioFootprint>;
-    let charged = if ctx.opts.text_at_rest {
-        at_rest = audio
-            .footprints
-            .iter()
-            .map(AudioFootprint::at_rest)
-            .collect();
-        ctx.say(&format!(
-            "up: [{}] sizing switched off (--size-text-at-rest): the audio backends are charged at rest, not at their peaks",
-            t.name
-        ));
-        &at_rest
-    } else {
-        &audio.footprints
-    };
     let budget = Budget::new(
         ctx.meter.capacity,
-        charged,
+        &audio.footprints,
         cotenants,
         ctx.config.memory.margin,
     );
     ctx.say(&format!("up: [{}] budget: {}", t.name, budget.describe()));
     ctx.status.lock().text_budget_bytes = budget.text_bytes;
     let slots = text_sequences(ctx, t, &audio.lanes);
-    let text_flags = text_flags(ctx, t, &budget, &audio.footprints, slots)?;
+    let mut text_flags = text_flags(ctx, t, &budget, &audio.footprints, slots)?;
     ctx.say(&format!(
         "up: [{}] flags: {}",
         t.name,
         text_flags.describe()
     ));
+    if ctx.opts.text_engine_defaults {
+        text_flags = text_flags.engine_defaults();
+        ctx.say(&format!(
+            "up: [{}] sizing switched off (--text-engine-defaults): started with its own arguments only, the engine's defaults for the rest",
+            t.name
+        ));
+    }
     let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
     ctx.status
         .update(&t.name, |r| r.flags = shown_flags(&text_flags));
@@ -316,7 +308,7 @@ async fn start_text(
     let text_held = m.resident.max(text_flags.expected.total_bytes);
     let room = JobRoom::new(ctx.meter.capacity, &audio.footprints, text_held, cotenants);
     match check_audio_room(ctx, &room, &audio.lanes, calibration) {
-        Err(e) if ctx.opts.text_at_rest => {
+        Err(e) if ctx.opts.text_engine_defaults => {
             ctx.say(&format!("up: warning (sizing switched off): {e}"))
         }
         other => other?,

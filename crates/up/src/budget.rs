@@ -19,16 +19,6 @@ pub struct AudioFootprint {
     pub peak_bytes: u64,
 }
 
-impl AudioFootprint {
-    /// The same backend charged at the level it keeps between jobs (sizing switched off).
-    pub fn at_rest(&self) -> AudioFootprint {
-        AudioFootprint {
-            peak_bytes: self.resident_bytes,
-            ..self.clone()
-        }
-    }
-}
-
 /// How the text budget was reached, line by line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Budget {
@@ -184,22 +174,6 @@ mod tests {
         // 8192 − 1200 − 256 = 6736 MiB, worked out by hand.
         assert_eq!(b.text_bytes, 6736 * MIB);
         assert_eq!(b.overcommitted_bytes, 0);
-    }
-
-    /// Sizing switched off (`up --size-text-at-rest`): the same backends charged at the level
-    /// they keep between jobs, so the text engine gets what their peaks would need.
-    #[test]
-    fn at_rest_charges_what_a_backend_keeps_between_jobs() {
-        let footprints = [
-            audio("stt", 300 * MIB, 700 * MIB),
-            audio("tts", 200 * MIB, 500 * MIB),
-        ];
-        let at_rest: Vec<AudioFootprint> = footprints.iter().map(AudioFootprint::at_rest).collect();
-        assert_eq!(at_rest[0].peak_bytes, 300 * MIB);
-        assert_eq!(at_rest[1].resident_bytes, 200 * MIB);
-        let b = Budget::new(8 * GIB, &at_rest, 0, 256 * MIB);
-        // 8192 − 500 − 256 = 7436 MiB: 700 MiB more than with the peaks charged (6736).
-        assert_eq!(b.text_bytes, 7436 * MIB);
     }
 
     #[test]

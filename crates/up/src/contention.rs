@@ -22,8 +22,19 @@ pub const SLOWDOWN_LIMIT: f64 = 1.2;
 /// Bounds of the derived `preempt_settle`.
 const SETTLE_MIN: Duration = Duration::from_millis(250);
 const SETTLE_MAX: Duration = Duration::from_secs(5);
-/// Rounds of each measurement; the fastest is kept (noise only ever slows a job down).
+/// Rounds of the job alone; the fastest is kept (noise only ever slows a job down, so the fastest
+/// is the job's own cost).
 const ROUNDS: usize = 2;
+/// Rounds of the job beside text; the median is kept. How much text slows a job depends on where
+/// in the text engine's work it lands (a prompt being read, decode steps, a pause between
+/// requests): the fastest round is the luckiest landing, not what a job meets on a busy night.
+/// Measured on the CPU box: Whisper's clip 0.46 s alone, 0.61, 0.66, 0.61 and 0.93 s beside two
+/// generations; kept as the fastest (x1.14 in CI) text ran on beside dictation, and dictation's
+/// median on the night was 1.6 to 1.8 x its idle figure.
+const ROUNDS_BESIDE: usize = 3;
+/// How the figure beside text is taken from its rounds, as kept: a kept figure taken another way
+/// is measured again.
+pub const WITH_TEXT_OF_ROUNDS: &str = "median";
 /// Tokens (or time) of the generation on its own before the audio job begins.
 const STEPS_ALONE: usize = 6;
 const STEPS_ALONE_WAIT: Duration = Duration::from_secs(3);
@@ -34,7 +45,7 @@ pub struct Contention {
     pub backend: String,
     /// The job alone (fastest of the rounds).
     pub alone: Duration,
-    /// The job beside `generations` streaming generations (fastest of the rounds).
+    /// The job beside `generations` streaming generations (median of the rounds).
     pub with_text: Duration,
     /// How many generations streamed beside the job (the text lane's sequences).
     pub generations: u64,
@@ -70,6 +81,7 @@ impl Contention {
             text_step_seconds: self.text_step.map(|s| s.as_secs_f64()),
             text_flags: flags.to_vec(),
             generations: self.generations,
+            with_text_of_rounds: WITH_TEXT_OF_ROUNDS.into(),
             date: now_rfc3339(),
         }
     }
@@ -114,6 +126,32 @@ pub fn worse(a: Contention, b: Contention) -> Contention {
     worst
 }
 
+/// How many times a job is timed beside text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounds {
+    /// A job of one clip or sentence: where it lands in the text engine's work decides how much
+    /// it is slowed, so it is timed [`ROUNDS_BESIDE`] times and the median kept.
+    Short,
+    /// A lane's whole warm-up, many clips or sentences long: it spans many of the text engine's
+    /// steps and requests, so one timing already averages over where it lands.
+    Long,
+}
+
+impl Rounds {
+    pub fn beside(self) -> usize {
+        match self {
+            Rounds::Short => ROUNDS_BESIDE,
+            Rounds::Long => 1,
+        }
+    }
+}
+
+/// The middle of `rounds` (the upper one of an even count; zero for none).
+pub fn median(rounds: &mut [Duration]) -> Duration {
+    rounds.sort_unstable();
+    rounds.get(rounds.len() / 2).copied().unwrap_or_default()
+}
+
 /// The longest gap between consecutive token arrivals that overlaps `[from, to]`.
 pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Duration> {
     stamps
@@ -132,6 +170,7 @@ pub async fn measure(
     job: &Job,
     alone: Option<Duration>,
     text: TextSide<'_>,
+    rounds: Rounds,
 ) -> Result<Contention, String> {
     let alone = match alone {
         Some(a) => a,
@@ -145,9 +184,9 @@ pub async fn measure(
     };
     let model = served_model(client, text.base).await;
     let generations = text.generations.max(1);
-    let mut with_text = Duration::MAX;
+    let mut beside = Vec::with_capacity(rounds.beside());
     let mut text_step: Option<Duration> = None;
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds.beside() {
         let mut streams = Vec::new();
         for _ in 0..generations {
             streams.push(TextStream::start(client, text.base, &model, text.max_tokens).await?);
@@ -164,7 +203,7 @@ pub async fn measure(
                 stamps.len()
             ));
         }
-        with_text = with_text.min(took);
+        beside.push(took);
         // Decode steps on their own: the gaps between chunks after the first (which may come
         // before the prompt is evaluated) and before the job began.
         let alone: Vec<Instant> = seen[0]
@@ -178,7 +217,7 @@ pub async fn measure(
     Ok(Contention {
         backend: backend.to_string(),
         alone,
-        with_text,
+        with_text: median(&mut beside),
         generations,
         text_step,
     })
@@ -353,6 +392,19 @@ mod tests {
         // Enough cores for both: within 20 %.
         assert!(!seen(900, 1050, Some(30)).text_gives_way());
         assert!(seen(900, 1090, None).text_gives_way());
+    }
+
+    #[test]
+    fn the_job_beside_text_is_its_median_round_not_its_luckiest() {
+        let ms = Duration::from_millis;
+        // The CPU box's clip beside two generations, in the order measured.
+        assert_eq!(median(&mut [ms(610), ms(930), ms(660)]), ms(660));
+        assert_eq!(median(&mut [ms(610), ms(660), ms(610), ms(930)]), ms(660));
+        assert_eq!(median(&mut [ms(5)]), ms(5));
+        assert_eq!(median(&mut []), Duration::ZERO);
+        // 0.46 s alone: the median makes text give way where the fastest round (x1.33 here,
+        // x1.14 in CI) might not.
+        assert!(seen(460, 660, None).text_gives_way());
     }
 
     #[test]

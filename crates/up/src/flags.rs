@@ -32,6 +32,18 @@ pub struct TextFlags {
 }
 
 impl TextFlags {
+    /// Sizing switched off: no argument or environment of `up`'s, so the engine sizes itself by
+    /// its defaults (llama.cpp: its default context and slots, its prompt cache kept in RAM;
+    /// vLLM: its default memory share). The lane keeps its sequences (the gateway's admission),
+    /// and the plan's figures stay what `up` would have chosen.
+    pub fn engine_defaults(self) -> TextFlags {
+        TextFlags {
+            args: Vec::new(),
+            env: Vec::new(),
+            ..self
+        }
+    }
+
     /// The flags and what the plan expects of them, as `up` says them once the engine's flags
     /// are computed.
     pub fn describe(&self) -> String {
@@ -414,6 +426,16 @@ mod tests {
         req.parallel = 2;
         req.has_gpu = false;
         assert_eq!(llamacpp::plan(&req).kv_cache_bytes, 90 * MIB);
+    }
+
+    #[test]
+    fn sizing_switched_off_passes_no_flag_of_ours_and_keeps_the_lane() {
+        let f = llamacpp_flags(&smollm2(), &text(), 400 * MIB, false).unwrap();
+        assert!(f.args.iter().any(|a| a == "--cache-ram"), "{:?}", f.args);
+        let (sequences, per) = (f.sequences, f.context_per_sequence);
+        let d = f.engine_defaults();
+        assert!(d.args.is_empty() && d.env.is_empty(), "{d:?}");
+        assert_eq!((d.sequences, d.context_per_sequence), (sequences, per));
     }
 
     #[test]

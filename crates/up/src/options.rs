@@ -15,11 +15,12 @@ pub struct UpOptions {
     pub log_dir: Option<PathBuf>,
     /// Keep the default log folder after a clean stop.
     pub keep_logs: bool,
-    /// Size the text engine to what the pool has free with the audio backends at rest, the way
-    /// one sizes an engine from the free memory one sees, instead of leaving room for their
-    /// peaks; an audio lane that could never admit a job beside it is a warning, not a refusal.
-    /// For `headroom drill --without sizing`, which shows what the sizing prevents.
-    pub text_at_rest: bool,
+    /// Start the text engine with its own arguments only: none of the flags `up` computes from
+    /// the budget (context, sequences, llama.cpp's prompt cache off, vLLM's memory share), so the
+    /// engine sizes itself by its defaults, as one started without sizing it does; an audio lane
+    /// that could never admit a job beside it is a warning, not a refusal. For `headroom drill
+    /// --without sizing`, which shows what the sizing prevents.
+    pub text_engine_defaults: bool,
     /// Receives one line per step, as it happens.
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
 }
