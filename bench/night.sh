@@ -8,7 +8,7 @@
 # Usage: bench/night.sh [--duration 1h] [--out DIR] [--box FILE] [--hand-set FILE]
 #                       [--scenario FILE] [--without admission] [--idle-requests N] [--debug]
 # A full hour of each on a quiet machine: bench/night.sh (about 2 h 10 min in all).
-# CI runs the short night: bench/night.sh --duration 2m --idle-requests 2 --debug (both boxes,
+# CI runs the short night: bench/night.sh --duration 90s --idle-requests 2 --debug (both boxes,
 # about 10 minutes together: each box's start, its idle figures, the night, its stop).
 # Needs: scripts/backends.sh install (llama.cpp, Whisper, piper), root or a delegated memory cgroup.
 set -euo pipefail

@@ -71,8 +71,8 @@ pub enum Without {
     /// Memory admission: audio lanes admit without a memory need (`gpu_memory_per_job = 0`,
     /// nothing learned).
     Admission,
-    /// The text engine's sizing: `up` sizes it to the memory free with the audio backends at
-    /// rest instead of leaving room for their peaks (`headroom up --size-text-at-rest`).
+    /// The text engine's sizing: `up` starts it with none of the flags it computes, so the
+    /// engine's defaults size it (`headroom up --text-engine-defaults`).
     Sizing,
 }
 
@@ -180,6 +180,18 @@ fn variant_box(config: &BoxConfig, box_path: &Path) -> Result<PathBuf, DrillErro
     Ok(path)
 }
 
+/// Requests of `stream` measured idle: the night file's count for a stream judged against its
+/// idle figure (`p99_vs_idle`: every audio stream), one for a stream whose idle figure is only
+/// shown (a text stream's p99 beside its idle figure is reported, not judged), which spares a
+/// night minutes of long prompts on a quiet box.
+fn idle_requests(stream: &scenario::Stream, requested: u32) -> u32 {
+    if stream.p99_vs_idle.is_some() {
+        requested
+    } else {
+        requested.min(1)
+    }
+}
+
 fn shapes(night: &Night) -> Result<Vec<Shape>, DrillError> {
     night
         .streams
@@ -284,10 +296,10 @@ pub async fn run(
             }
             if opts.without.contains(&Without::Sizing) {
                 say(&format!(
-                    "drill: [up] {}: headroom up --size-text-at-rest",
+                    "drill: [up] {}: headroom up --text-engine-defaults",
                     Without::Sizing.as_str()
                 ));
-                up_args.push("--size-text-at-rest".into());
+                up_args.push("--text-engine-defaults".into());
             }
             let started = UpBox::start(
                 &opts.exe,
@@ -474,6 +486,7 @@ async fn drive(
             deadline: s.deadline,
             seq: Arc::new(AtomicU64::new(0)),
             sent: Arc::new(AtomicU64::new(0)),
+            due: Arc::new(Mutex::new(Vec::new())),
         })
         .collect();
 
@@ -484,11 +497,12 @@ async fn drive(
             break;
         }
         let warmup = u32::from(warmed.insert(backend_names[i].clone()));
+        let n = idle_requests(&night.streams[i], night.idle_requests);
         say(&format!(
-            "drill: idle {} ({} request(s) one at a time)",
-            night.streams[i].name, night.idle_requests
+            "drill: idle {} ({n} request(s) one at a time)",
+            night.streams[i].name
         ));
-        traffic.idle(lane, warmup, night.idle_requests).await;
+        traffic.idle(lane, warmup, n).await;
     }
 
     // The night.
@@ -877,6 +891,38 @@ mod tests {
             ready_timeout: Duration::from_secs(1),
             progress: Arc::new(|_| {}),
         }
+    }
+
+    #[test]
+    fn streams_judged_on_their_idle_figure_are_measured_idle_as_often_as_asked() {
+        let night = Night::parse(
+            r#"
+name = "n"
+[[stream]]
+name = "speech"
+kind = "speech"
+chars = 80
+per_minute = 4
+[[stream]]
+name = "rewrite"
+kind = "chat"
+input_tokens = 1800
+max_tokens = 256
+per_minute = 1
+[[stream]]
+name = "judged"
+kind = "chat"
+input_tokens = 10
+max_tokens = 10
+per_minute = 1
+p99_vs_idle = 3
+"#,
+            Path::new("/"),
+        )
+        .unwrap();
+        let counts: Vec<u32> = night.streams.iter().map(|s| idle_requests(s, 5)).collect();
+        assert_eq!(counts, [5, 1, 5]);
+        assert_eq!(idle_requests(&night.streams[1], 0), 0);
     }
 
     fn ok(stream: usize, round: Option<u32>, start: f64, secs: f64) -> Record {

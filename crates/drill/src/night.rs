@@ -68,6 +68,28 @@ pub struct Lane {
     pub seq: Arc<AtomicU64>,
     /// Requests the night has sent on this lane so far.
     pub sent: Arc<AtomicU64>,
+    /// When each closed-loop client sends next: its think time runs on across a quiet gap, as
+    /// a batch client's does (a client that thinks 2 minutes does not send again at every
+    /// round's start).
+    pub due: Arc<Mutex<Vec<Option<Instant>>>>,
+}
+
+/// When closed-loop client `worker` of `workers` sends first in a round that starts at `start`:
+/// when its think time since its last request ends (`due`), or, before its first request,
+/// spread over its first think time (or a second) so clients do not start together.
+pub fn worker_start(
+    due: Option<Instant>,
+    start: Instant,
+    think: Duration,
+    worker: u32,
+    workers: u32,
+) -> Instant {
+    due.unwrap_or_else(|| {
+        start
+            + think
+                .max(Duration::from_secs(1))
+                .mul_f64(f64::from(worker) / f64::from(workers.max(1)))
+    })
 }
 
 /// Everything requests write to.
@@ -160,18 +182,22 @@ impl Traffic {
                         let lane = lane.clone();
                         tasks.spawn(async move {
                             let mut rng = Rng::new(seed ^ u64::from(w));
-                            // Workers start spread over their first think time (or a second).
-                            let spread = think
-                                .max(Duration::from_secs(1))
-                                .mul_f64(f64::from(w) / f64::from(workers));
-                            tokio::time::sleep(spread).await;
-                            while Instant::now() < until {
+                            let slot = w as usize;
+                            let stored = lane.due.lock().expect("due lock").get(slot).copied();
+                            let mut at =
+                                worker_start(stored.flatten(), Instant::now(), think, w, workers);
+                            while at < until {
+                                tokio::time::sleep_until(at.into()).await;
                                 lane.sent.fetch_add(1, Ordering::Relaxed);
                                 let rec = me.one(&lane, Some(round), &mut rng).await;
                                 me.records.lock().expect("records lock").push(rec);
-                                let left = until.saturating_duration_since(Instant::now());
-                                tokio::time::sleep(think.min(left)).await;
+                                at = Instant::now() + think;
                             }
+                            let mut due = lane.due.lock().expect("due lock");
+                            if due.len() <= slot {
+                                due.resize(slot + 1, None);
+                            }
+                            due[slot] = Some(at);
                         });
                     }
                 }
@@ -203,6 +229,23 @@ per_minute = 6
             Path::new("/"),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_client_s_think_time_runs_on_across_rounds() {
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        // Before its first request: the second of two clients starts half a think in.
+        assert_eq!(worker_start(None, t, s(10), 0, 2), t);
+        assert_eq!(worker_start(None, t, s(10), 1, 2), t + s(5));
+        // Then when its think ends, whenever the round starts: a client that thinks 135 s
+        // and last sent at t does not send again at a round starting at t + 15 s.
+        assert_eq!(
+            worker_start(Some(t + s(135)), t + s(15), s(135), 0, 1),
+            t + s(135)
+        );
+        // One overdue (its think ended in the quiet gap) sends at once.
+        assert!(worker_start(Some(t), t + s(15), s(1), 0, 1) <= t + s(15));
     }
 
     #[test]
