@@ -11,7 +11,7 @@ use anyhow::Context;
 use headroom_server::stderr::line;
 use headroom_up::boxfile::Overrides;
 use headroom_up::example::EXAMPLE_BOX;
-use headroom_up::{BoxConfig, UpOptions};
+use headroom_up::{BoxConfig, HandSized, UpOptions};
 
 use super::signals::Signals;
 
@@ -54,10 +54,22 @@ pub struct UpArgs {
     /// runs in one memory cgroup limited to it (host pool only; needs a writable memory cgroup).
     #[arg(long)]
     pub enforce: bool,
-    /// Start the text engine with none of the flags up computes for it: its own defaults size
-    /// it (`headroom drill --without sizing`; never for a real box).
-    #[arg(long, hide = true)]
-    pub text_engine_defaults: bool,
+    /// Sizing switched off: start the text engine with these arguments (one string, split on
+    /// white space; "" for the engine's defaults) instead of the flags up computes for it
+    /// (`headroom drill --without sizing`; never for a real box).
+    #[arg(long, hide = true, value_name = "ARGS")]
+    pub text_sized_by_hand: Option<String>,
+    /// With --text-sized-by-hand: an environment variable for the text engine (repeatable).
+    #[arg(long, hide = true, value_name = "KEY=VALUE", value_parser = env_pair, requires = "text_sized_by_hand")]
+    pub text_sized_by_hand_env: Vec<(String, String)>,
+}
+
+/// `KEY=VALUE`.
+fn env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{s}` is not KEY=VALUE")),
+    }
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -101,7 +113,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         recalibrate: args.recalibrate,
         log_dir: args.log_dir,
         keep_logs: args.keep_logs,
-        text_engine_defaults: args.text_engine_defaults,
+        text_sized_by_hand: args.text_sized_by_hand.map(|a| HandSized {
+            args: a.split_whitespace().map(str::to_string).collect(),
+            env: args.text_sized_by_hand_env,
+        }),
         progress: Arc::new(line),
     };
     // The gateway `up` runs holds a socket per client and per upstream connection.

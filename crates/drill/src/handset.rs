@@ -123,53 +123,65 @@ impl HandSetPlan {
         config: &BoxConfig,
         backend: &BackendConfig,
     ) -> Result<(Vec<String>, Env), DrillError> {
-        let share = match &self.text {
-            TextChoice::Args(a) => return Ok((a.clone(), Vec::new())),
-            TextChoice::Share(s) => *s,
-        };
-        let plan = backend.text.as_ref().ok_or_else(|| {
-            DrillError::BadInput(format!(
-                "backend `{}` has no text model to size",
-                backend.name
-            ))
-        })?;
-        let capacity = config.memory.capacity.ok_or_else(|| {
-            DrillError::BadInput(
-                "the box file's [memory] has no capacity to take a share of".into(),
-            )
-        })?;
-        let budget = (capacity as f64 * share) as u64;
-        let gpu = config.memory.probe == ProbeKind::Nvml;
-        match backend.engine {
-            Engine::LlamaCpp => {
-                let model = resolve_model(&config.dir, &plan.model)
-                    .map_err(|e| DrillError::BadInput(e.to_string()))?;
-                let shape = headroom_up::flags::llamacpp_model(Path::new(&model))
-                    .map_err(|e| DrillError::BadInput(e.to_string()))?;
-                let flags =
-                    headroom_up::flags::llamacpp_flags(&shape, plan, budget, gpu).map_err(|e| {
-                        DrillError::BadInput(format!("text share {share}: {}", e.message()))
-                    })?;
-                // A user sizing the engine by hand keeps llama-server's prompt cache (up turns
-                // it off): the flags are the context and slots alone.
-                Ok((without_prompt_cache_off(flags.args), flags.env))
-            }
-            Engine::Vllm if gpu => Ok((
-                vec!["--gpu-memory-utilization".into(), format!("{share}")],
-                Vec::new(),
-            )),
-            Engine::Vllm => {
-                let gib = (budget >> 30).max(1);
-                Ok((
-                    Vec::new(),
-                    vec![("VLLM_CPU_KVCACHE_SPACE".into(), gib.to_string())],
-                ))
-            }
-            _ => Err(DrillError::BadInput(format!(
-                "backend `{}`: a share is turned into llama.cpp or vLLM flags only; give `text.args`",
-                backend.name
-            ))),
+        match &self.text {
+            TextChoice::Args(a) => Ok((a.clone(), Vec::new())),
+            TextChoice::Share(s) => share_flags(config, backend, *s),
         }
+    }
+}
+
+/// The share of the pool the article gives the text engine (`--gpu-memory-utilization 0.45`).
+pub const ARTICLE_SHARE: f64 = 0.45;
+
+/// The text engine's arguments and environment for a fixed `share` of the pool's capacity, as a
+/// user who sizes it by hand gives them: llama.cpp's context and slots by the same arithmetic
+/// `up` uses for that budget, with llama-server's prompt cache left on; vLLM's memory share (on
+/// a GPU) or KV cache space (on the CPU).
+pub fn share_flags(
+    config: &BoxConfig,
+    backend: &BackendConfig,
+    share: f64,
+) -> Result<(Vec<String>, Env), DrillError> {
+    let plan = backend.text.as_ref().ok_or_else(|| {
+        DrillError::BadInput(format!(
+            "backend `{}` has no text model to size",
+            backend.name
+        ))
+    })?;
+    let capacity = config.memory.capacity.ok_or_else(|| {
+        DrillError::BadInput("the box file's [memory] has no capacity to take a share of".into())
+    })?;
+    let budget = (capacity as f64 * share) as u64;
+    let gpu = config.memory.probe == ProbeKind::Nvml;
+    match backend.engine {
+        Engine::LlamaCpp => {
+            let model = resolve_model(&config.dir, &plan.model)
+                .map_err(|e| DrillError::BadInput(e.to_string()))?;
+            let shape = headroom_up::flags::llamacpp_model(Path::new(&model))
+                .map_err(|e| DrillError::BadInput(e.to_string()))?;
+            let flags =
+                headroom_up::flags::llamacpp_flags(&shape, plan, budget, gpu).map_err(|e| {
+                    DrillError::BadInput(format!("text share {share}: {}", e.message()))
+                })?;
+            // A user sizing the engine by hand keeps llama-server's prompt cache (up turns
+            // it off): the flags are the context and slots alone.
+            Ok((without_prompt_cache_off(flags.args), flags.env))
+        }
+        Engine::Vllm if gpu => Ok((
+            vec!["--gpu-memory-utilization".into(), format!("{share}")],
+            Vec::new(),
+        )),
+        Engine::Vllm => {
+            let gib = (budget >> 30).max(1);
+            Ok((
+                Vec::new(),
+                vec![("VLLM_CPU_KVCACHE_SPACE".into(), gib.to_string())],
+            ))
+        }
+        _ => Err(DrillError::BadInput(format!(
+            "backend `{}`: a share is turned into llama.cpp or vLLM flags only; give `text.args`",
+            backend.name
+        ))),
     }
 }
 

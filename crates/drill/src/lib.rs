@@ -71,8 +71,10 @@ pub enum Without {
     /// Memory admission: audio lanes admit without a memory need (`gpu_memory_per_job = 0`,
     /// nothing learned).
     Admission,
-    /// The text engine's sizing: `up` starts it with none of the flags it computes, so the
-    /// engine's defaults size it (`headroom up --text-engine-defaults`).
+    /// The text engine's sizing: `up` starts it with the flags a user who sizes it by hand gives,
+    /// the article's fixed share of the pool ([`handset::ARTICLE_SHARE`], the same arithmetic as
+    /// the box set up by hand), instead of the ones it computes from what the audio backends
+    /// need (`headroom up --text-sized-by-hand`).
     Sizing,
 }
 
@@ -178,6 +180,21 @@ fn variant_box(config: &BoxConfig, box_path: &Path) -> Result<PathBuf, DrillErro
     std::fs::write(&path, toml::to_string(&doc).unwrap_or_default())
         .map_err(|e| DrillError::Environment(format!("{}: {e}", path.display())))?;
     Ok(path)
+}
+
+/// `up`'s arguments that switch its sizing off: the text engine's flags for the article's share
+/// of the pool.
+fn sized_by_hand(config: &BoxConfig) -> Result<Vec<String>, DrillError> {
+    let text = config.text().ok_or_else(|| {
+        DrillError::BadInput("--without sizing: the box has no text engine to size".into())
+    })?;
+    let (args, env) = handset::share_flags(config, text, handset::ARTICLE_SHARE)?;
+    let mut up = vec!["--text-sized-by-hand".to_string(), args.join(" ")];
+    for (k, v) in env {
+        up.push("--text-sized-by-hand-env".into());
+        up.push(format!("{k}={v}"));
+    }
+    Ok(up)
 }
 
 /// Requests of `stream` measured idle: the night file's count for a stream judged against its
@@ -295,11 +312,14 @@ pub async fn run(
                 up_args.push("--enforce".into());
             }
             if opts.without.contains(&Without::Sizing) {
+                let hand = sized_by_hand(&config)?;
                 say(&format!(
-                    "drill: [up] {}: headroom up --text-engine-defaults",
-                    Without::Sizing.as_str()
+                    "drill: [up] {}: the text engine sized by hand, the article's share ({}) of the pool: headroom up {}",
+                    Without::Sizing.as_str(),
+                    handset::ARTICLE_SHARE,
+                    hand.join(" ")
                 ));
-                up_args.push("--text-engine-defaults".into());
+                up_args.extend(hand);
             }
             let started = UpBox::start(
                 &opts.exe,

@@ -288,11 +288,12 @@ async fn start_text(
         t.name,
         text_flags.describe()
     ));
-    if ctx.opts.text_engine_defaults {
-        text_flags = text_flags.engine_defaults();
+    if let Some(hand) = &ctx.opts.text_sized_by_hand {
+        text_flags = text_flags.sized_by_hand(hand);
         ctx.say(&format!(
-            "up: [{}] sizing switched off (--text-engine-defaults): started with its own arguments only, the engine's defaults for the rest",
-            t.name
+            "up: [{}] sizing switched off (--text-sized-by-hand): started with {} instead",
+            t.name,
+            text_flags.describe_given()
         ));
     }
     let (group, m) = bring_up_text(ctx, t, &text_flags).await?;
@@ -308,7 +309,7 @@ async fn start_text(
     let text_held = m.resident.max(text_flags.expected.total_bytes);
     let room = JobRoom::new(ctx.meter.capacity, &audio.footprints, text_held, cotenants);
     match check_audio_room(ctx, &room, &audio.lanes, calibration) {
-        Err(e) if ctx.opts.text_engine_defaults => {
+        Err(e) if ctx.opts.text_sized_by_hand.is_some() => {
             ctx.say(&format!("up: warning (sizing switched off): {e}"))
         }
         other => other?,

@@ -32,16 +32,28 @@ pub struct TextFlags {
 }
 
 impl TextFlags {
-    /// Sizing switched off: no argument or environment of `up`'s, so the engine sizes itself by
-    /// its defaults (llama.cpp: its default context and slots, its prompt cache kept in RAM;
-    /// vLLM: its default memory share). The lane keeps its sequences (the gateway's admission),
-    /// and the plan's figures stay what `up` would have chosen.
-    pub fn engine_defaults(self) -> TextFlags {
+    /// Sizing switched off: the arguments and environment given by hand instead of `up`'s (none:
+    /// the engine's defaults). The lane keeps its sequences (the gateway's admission), and the
+    /// plan's figures stay what `up` would have chosen.
+    pub fn sized_by_hand(self, hand: &crate::HandSized) -> TextFlags {
         TextFlags {
-            args: Vec::new(),
-            env: Vec::new(),
+            args: hand.args.clone(),
+            env: hand.env.clone(),
             ..self
         }
+    }
+
+    /// The arguments and environment alone, as said: `the engine's defaults` for none.
+    pub fn describe_given(&self) -> String {
+        if self.args.is_empty() && self.env.is_empty() {
+            return "the engine's defaults".into();
+        }
+        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        [self.args.join(" "), env.join(" ")]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// The flags and what the plan expects of them, as `up` says them once the engine's flags
@@ -429,13 +441,26 @@ mod tests {
     }
 
     #[test]
-    fn sizing_switched_off_passes_no_flag_of_ours_and_keeps_the_lane() {
+    fn sizing_switched_off_passes_the_hand_given_flags_and_keeps_the_lane() {
         let f = llamacpp_flags(&smollm2(), &text(), 400 * MIB, false).unwrap();
         assert!(f.args.iter().any(|a| a == "--cache-ram"), "{:?}", f.args);
         let (sequences, per) = (f.sequences, f.context_per_sequence);
-        let d = f.engine_defaults();
-        assert!(d.args.is_empty() && d.env.is_empty(), "{d:?}");
+        let hand = crate::HandSized {
+            args: vec!["-c".into(), "32768".into(), "--parallel".into(), "4".into()],
+            env: Vec::new(),
+        };
+        let d = f.clone().sized_by_hand(&hand);
+        assert_eq!(d.args, ["-c", "32768", "--parallel", "4"]);
         assert_eq!((d.sequences, d.context_per_sequence), (sequences, per));
+        assert_eq!(d.describe_given(), "-c 32768 --parallel 4");
+        let none = f.sized_by_hand(&crate::HandSized::default());
+        assert!(none.args.is_empty() && none.env.is_empty());
+        assert_eq!(none.describe_given(), "the engine's defaults");
+        let vllm = none.sized_by_hand(&crate::HandSized {
+            args: Vec::new(),
+            env: vec![("VLLM_CPU_KVCACHE_SPACE".into(), "1".into())],
+        });
+        assert_eq!(vllm.describe_given(), "VLLM_CPU_KVCACHE_SPACE=1");
     }
 
     #[test]

@@ -53,5 +53,5 @@ pub mod warmup;
 
 pub use boxfile::BoxConfig;
 pub use error::{GatewayFailure, ProbeFailure, UpError};
-pub use options::UpOptions;
+pub use options::{HandSized, UpOptions};
 pub use supervisor::run;

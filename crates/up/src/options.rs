@@ -15,12 +15,19 @@ pub struct UpOptions {
     pub log_dir: Option<PathBuf>,
     /// Keep the default log folder after a clean stop.
     pub keep_logs: bool,
-    /// Start the text engine with its own arguments only: none of the flags `up` computes from
-    /// the budget (context, sequences, llama.cpp's prompt cache off, vLLM's memory share), so the
-    /// engine sizes itself by its defaults, as one started without sizing it does; an audio lane
-    /// that could never admit a job beside it is a warning, not a refusal. For `headroom drill
-    /// --without sizing`, which shows what the sizing prevents.
-    pub text_engine_defaults: bool,
+    /// Sizing switched off: the text engine starts with these arguments and environment
+    /// (appended to its own) instead of the flags `up` computes from the budget, as a user who
+    /// sizes it by hand starts it (`headroom drill --without sizing` gives the article's fixed
+    /// share); an audio lane that could never admit a job beside it is then a warning, not a
+    /// refusal. The gateway's lanes stay derived.
+    pub text_sized_by_hand: Option<HandSized>,
     /// Receives one line per step, as it happens.
     pub progress: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+/// The text engine's flags as given by hand (sizing switched off).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HandSized {
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
