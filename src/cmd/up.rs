@@ -57,7 +57,7 @@ pub struct UpArgs {
     /// Sizing switched off: start the text engine with these arguments (one string, split on
     /// white space; "" for the engine's defaults) instead of the flags up computes for it
     /// (`headroom drill --without sizing`; never for a real box).
-    #[arg(long, hide = true, value_name = "ARGS")]
+    #[arg(long, hide = true, value_name = "ARGS", allow_hyphen_values = true)]
     pub text_sized_by_hand: Option<String>,
     /// With --text-sized-by-hand: an environment variable for the text engine (repeatable).
     #[arg(long, hide = true, value_name = "KEY=VALUE", value_parser = env_pair, requires = "text_sized_by_hand")]

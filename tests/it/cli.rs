@@ -323,3 +323,37 @@ listen = "127.0.0.1:8280"
         "{err}"
     );
 }
+
+/// `headroom drill --without sizing` hands `up` the text engine's flags as one value that starts
+/// with a dash; clap must take it as the value, and a bad environment pair is one line, exit 2.
+#[test]
+fn up_takes_hand_given_text_flags_that_start_with_a_dash() {
+    let missing = "/nonexistent-headroom-test/box.up.toml";
+    for form in [
+        vec!["--text-sized-by-hand", "-c 32768 --parallel 4"],
+        vec!["--text-sized-by-hand=-c 32768 --parallel 4"],
+    ] {
+        let mut args = vec!["up", "--check"];
+        args.extend(form.iter().copied());
+        args.extend(["--config", missing]);
+        let out = headroom(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        // The flags were taken: what fails is the missing box file, not the command line.
+        assert!(
+            err.contains("box.up.toml") && !err.contains("unexpected argument"),
+            "{err}"
+        );
+    }
+    let out = headroom(&[
+        "up",
+        "--config",
+        missing,
+        "--text-sized-by-hand=",
+        "--text-sized-by-hand-env",
+        "NOEQUALS",
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("`NOEQUALS` is not KEY=VALUE"), "{err}");
+}

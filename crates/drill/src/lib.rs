@@ -189,10 +189,10 @@ fn sized_by_hand(config: &BoxConfig) -> Result<Vec<String>, DrillError> {
         DrillError::BadInput("--without sizing: the box has no text engine to size".into())
     })?;
     let (args, env) = handset::share_flags(config, text, handset::ARTICLE_SHARE)?;
-    let mut up = vec!["--text-sized-by-hand".to_string(), args.join(" ")];
+    // One argument each (`--flag=value`): the value starts with a dash.
+    let mut up = vec![format!("--text-sized-by-hand={}", args.join(" "))];
     for (k, v) in env {
-        up.push("--text-sized-by-hand-env".into());
-        up.push(format!("{k}={v}"));
+        up.push(format!("--text-sized-by-hand-env={k}={v}"));
     }
     Ok(up)
 }
