@@ -506,7 +506,10 @@ async fn drive(
             deadline: s.deadline,
             seq: Arc::new(AtomicU64::new(0)),
             sent: Arc::new(AtomicU64::new(0)),
-            due: Arc::new(Mutex::new(Vec::new())),
+            due: Arc::new(Mutex::new(match s.arrivals {
+                scenario::Arrivals::Workers { workers, .. } => vec![None; workers as usize],
+                scenario::Arrivals::Poisson { .. } => Vec::new(),
+            })),
         })
         .collect();
 

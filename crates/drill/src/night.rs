@@ -68,9 +68,9 @@ pub struct Lane {
     pub seq: Arc<AtomicU64>,
     /// Requests the night has sent on this lane so far.
     pub sent: Arc<AtomicU64>,
-    /// When each closed-loop client sends next: its think time runs on across a quiet gap, as
-    /// a batch client's does (a client that thinks 2 minutes does not send again at every
-    /// round's start).
+    /// When each closed-loop client sends next, one entry per client (none for a Poisson
+    /// stream): its think time runs on across a quiet gap, as a batch client's does (a client
+    /// that thinks 2 minutes does not send again at every round's start).
     pub due: Arc<Mutex<Vec<Option<Instant>>>>,
 }
 
@@ -183,9 +183,8 @@ impl Traffic {
                         tasks.spawn(async move {
                             let mut rng = Rng::new(seed ^ u64::from(w));
                             let slot = w as usize;
-                            let stored = lane.due.lock().expect("due lock").get(slot).copied();
-                            let mut at =
-                                worker_start(stored.flatten(), Instant::now(), think, w, workers);
+                            let stored = lane.due.lock().expect("due lock")[slot];
+                            let mut at = worker_start(stored, Instant::now(), think, w, workers);
                             while at < until {
                                 tokio::time::sleep_until(at.into()).await;
                                 lane.sent.fetch_add(1, Ordering::Relaxed);
@@ -193,11 +192,7 @@ impl Traffic {
                                 me.records.lock().expect("records lock").push(rec);
                                 at = Instant::now() + think;
                             }
-                            let mut due = lane.due.lock().expect("due lock");
-                            if due.len() <= slot {
-                                due.resize(slot + 1, None);
-                            }
-                            due[slot] = Some(at);
+                            lane.due.lock().expect("due lock")[slot] = Some(at);
                         });
                     }
                 }

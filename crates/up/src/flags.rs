@@ -45,15 +45,11 @@ impl TextFlags {
 
     /// The arguments and environment alone, as said: `the engine's defaults` for none.
     pub fn describe_given(&self) -> String {
-        if self.args.is_empty() && self.env.is_empty() {
+        let shown = crate::report::shown_flags(self);
+        if shown.is_empty() {
             return "the engine's defaults".into();
         }
-        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        [self.args.join(" "), env.join(" ")]
-            .into_iter()
-            .filter(|p| !p.is_empty())
-            .collect::<Vec<_>>()
-            .join(" ")
+        shown.join(" ")
     }
 
     /// The flags and what the plan expects of them, as `up` says them once the engine's flags
