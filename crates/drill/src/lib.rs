@@ -508,7 +508,7 @@ async fn drive(
             sent: Arc::new(AtomicU64::new(0)),
             due: Arc::new(Mutex::new(match s.arrivals {
                 scenario::Arrivals::Workers { workers, .. } => vec![None; workers as usize],
-                scenario::Arrivals::Poisson { .. } => Vec::new(),
+                scenario::Arrivals::Poisson { .. } | scenario::Arrivals::After { .. } => Vec::new(),
             })),
         })
         .collect();

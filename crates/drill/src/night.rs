@@ -28,7 +28,7 @@ pub struct Schedule {
 
 /// The schedule of `night` over `length`.
 pub fn schedule(night: &Night, length: Duration) -> Schedule {
-    let rounds = night.rounds.max(1);
+    let rounds = night.rounds.of(length);
     let round = length / rounds;
     let gap = night.gap.of(length).min(round / 2);
     let active = round.saturating_sub(gap);
@@ -92,6 +92,18 @@ pub fn worker_start(
     })
 }
 
+/// The lanes sent right after a request of lane `leader`, each with the share of its requests
+/// that get one.
+fn followers_of(lanes: &[Lane], leader: usize) -> Vec<(Lane, f64)> {
+    lanes
+        .iter()
+        .filter_map(|l| match l.arrivals {
+            Arrivals::After { stream, share } if stream == leader => Some((l.clone(), share)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Everything requests write to.
 #[derive(Clone)]
 pub struct Traffic {
@@ -129,6 +141,16 @@ impl Traffic {
             let rec = me.one(&lane, Some(round), &mut Rng::new(seed)).await;
             me.records.lock().expect("records lock").push(rec);
         });
+    }
+
+    /// Sends one request of `lane` and waits for its answer (a closed-loop client's turn);
+    /// whether it was served.
+    async fn send_in_turn(&self, lane: &Lane, round: u32, rng: &mut Rng) -> bool {
+        lane.sent.fetch_add(1, Ordering::Relaxed);
+        let rec = self.one(lane, Some(round), rng).await;
+        let served = rec.served_secs().is_some();
+        self.records.lock().expect("records lock").push(rec);
+        served
     }
 
     /// Sends `n` requests of `lane` one at a time after `warmup` unrecorded ones.
@@ -177,25 +199,34 @@ impl Traffic {
                     });
                 }
                 Arrivals::Workers { workers, think } => {
+                    let followers = followers_of(lanes, lane.index);
                     for w in 0..workers {
                         let me = self.clone();
                         let lane = lane.clone();
+                        let followers = followers.clone();
                         tasks.spawn(async move {
                             let mut rng = Rng::new(seed ^ u64::from(w));
                             let slot = w as usize;
                             let stored = lane.due.lock().expect("due lock")[slot];
-                            let mut at = worker_start(stored, Instant::now(), think, w, workers);
+                            let mut at =
+                                worker_start(stored, Instant::now(), think.mean, w, workers);
                             while at < until {
                                 tokio::time::sleep_until(at.into()).await;
-                                lane.sent.fetch_add(1, Ordering::Relaxed);
-                                let rec = me.one(&lane, Some(round), &mut rng).await;
-                                me.records.lock().expect("records lock").push(rec);
-                                at = Instant::now() + think;
+                                // What was not answered is not answered aloud either.
+                                let answered = me.send_in_turn(&lane, round, &mut rng).await;
+                                for (follower, share) in &followers {
+                                    if answered && rng.unit() < *share {
+                                        me.send_in_turn(follower, round, &mut rng).await;
+                                    }
+                                }
+                                at = Instant::now() + think.draw(&mut rng);
                             }
                             lane.due.lock().expect("due lock")[slot] = Some(at);
                         });
                     }
                 }
+                // Sent by its leader's clients.
+                Arrivals::After { .. } => {}
             }
         }
         while tasks.join_next().await.is_some() {}
@@ -282,6 +313,25 @@ backend = "z"
             off < s.active,
             "a late fault still fires inside the last active part"
         );
+    }
+
+    #[test]
+    fn rounds_of_a_set_length_grow_with_the_night_and_never_fall_below_six() {
+        let n = Night {
+            rounds: crate::scenario::Rounds::Every(Duration::from_secs(300)),
+            ..night("")
+        };
+        let rounds = |secs| schedule(&n, Duration::from_secs(secs)).rounds;
+        assert_eq!(rounds(3600), 12);
+        assert_eq!(rounds(2400), 8);
+        assert_eq!(
+            rounds(600),
+            6,
+            "a short night still gives the leak verdict six"
+        );
+        assert_eq!(rounds(90), 6);
+        let hour = schedule(&n, Duration::from_secs(3600));
+        assert_eq!(hour.active + hour.gap, Duration::from_secs(300));
     }
 
     #[test]

@@ -132,9 +132,50 @@ impl StreamKind {
 pub enum Arrivals {
     /// Open loop: exponential gaps with this mean rate.
     Poisson { per_minute: f64 },
-    /// Closed loop: `workers` clients, each sending the next request `think` after its last
-    /// answer (an overnight batch job).
-    Workers { workers: u32, think: Duration },
+    /// Closed loop: `workers` clients, each sending the next request a think time after its last
+    /// answer (an overnight batch job, or the one person at a workstation).
+    Workers { workers: u32, think: Think },
+    /// Sent by the clients of stream `stream` (a closed-loop one), right after one of its
+    /// requests is answered, for this share of them: the assistant's spoken answer to what its
+    /// user just dictated. Such a stream has no clients of its own.
+    After { stream: usize, share: f64 },
+}
+
+/// How long a closed-loop client waits between an answer and its next request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Think {
+    /// The mean wait.
+    pub mean: Duration,
+    /// Drawn at random (`min` plus an exponential wait, `mean` on average) rather than fixed: a
+    /// person speaks the whole utterance (`min`, the clip's length) before it is sent, and
+    /// pauses for a random while before speaking.
+    pub at_random: bool,
+    pub min: Duration,
+}
+
+impl Think {
+    /// A fixed wait.
+    pub fn fixed(mean: Duration) -> Think {
+        Think {
+            mean,
+            at_random: false,
+            min: Duration::ZERO,
+        }
+    }
+
+    /// The next wait.
+    pub fn draw(&self, rng: &mut headroom_bench::arrivals::Rng) -> Duration {
+        if !self.at_random {
+            return self.mean;
+        }
+        let above = self.mean.saturating_sub(self.min).as_secs_f64();
+        if above <= 0.0 {
+            return self.min;
+        }
+        // 1 - unit() lies in (0, 1]: its logarithm is finite.
+        let wait = -(1.0 - rng.unit()).ln() * above;
+        self.min + Duration::from_secs_f64(wait.min(above * 50.0))
+    }
 }
 
 /// The body of a stream's requests.
@@ -237,6 +278,32 @@ pub struct ClientPolicy {
     pub retry_after_cap: Duration,
 }
 
+/// How a night is cut into rounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rounds {
+    /// This many, whatever the night's length.
+    Count(u32),
+    /// One every this long (a longer night has more rounds, which the leak verdict needs to tell
+    /// a one-time step from a slow rise), and never fewer than [`MIN_ROUNDS`].
+    Every(Duration),
+}
+
+/// The fewest rounds the leak verdict can judge.
+pub const MIN_ROUNDS: u32 = 6;
+
+impl Rounds {
+    /// How many rounds a night of `length` has.
+    pub fn of(&self, length: Duration) -> u32 {
+        match *self {
+            Rounds::Count(n) => n.max(1),
+            Rounds::Every(each) => {
+                let n = (length.as_secs_f64() / each.as_secs_f64().max(1e-9)).round();
+                (n.min(1000.0) as u32).max(MIN_ROUNDS)
+            }
+        }
+    }
+}
+
 /// A validated night.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Night {
@@ -244,9 +311,9 @@ pub struct Night {
     /// The file's folder: clip paths are relative to it.
     pub dir: PathBuf,
     pub seed: u64,
-    /// The night is cut into this many rounds, each ending in a quiet gap whose memory floor
-    /// feeds the leak verdict (it needs at least 6).
-    pub rounds: u32,
+    /// How the night is cut into rounds, each ending in a quiet gap whose memory floor feeds the
+    /// leak verdict (it needs at least 6).
+    pub rounds: Rounds,
     pub gap: Span,
     /// Requests per stream sent one at a time on the quiet box before the night.
     pub idle_requests: u32,
@@ -263,6 +330,8 @@ struct RawNight {
     seed: Option<u64>,
     #[serde(default)]
     rounds: Option<u32>,
+    #[serde(default)]
+    round: Option<String>,
     #[serde(default)]
     gap: Option<String>,
     #[serde(default)]
@@ -305,6 +374,14 @@ struct RawStream {
     workers: Option<u32>,
     #[serde(default)]
     think: Option<String>,
+    #[serde(default)]
+    think_at_random: Option<bool>,
+    #[serde(default)]
+    think_min: Option<String>,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    share: Option<f64>,
     #[serde(default)]
     deadline: Option<String>,
     #[serde(default)]
@@ -371,16 +448,26 @@ impl Night {
     pub fn parse(text: &str, dir: &Path) -> Result<Night, ScenarioError> {
         let raw: RawNight =
             toml::from_str(text).map_err(|e| ScenarioError(one_line(&e.to_string())))?;
-        let rounds = raw.rounds.unwrap_or(DEFAULT_ROUNDS);
-        if !(1..=1000).contains(&rounds) {
-            return Err(bad(
-                "rounds",
-                "give 1 to 1000 (the leak verdict needs at least 6)",
-            ));
-        }
+        let rounds = match (raw.rounds, &raw.round) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    "round",
+                    "give `rounds` (how many) or `round` (how long each is), not both",
+                ));
+            }
+            (Some(n), None) if !(1..=1000).contains(&n) => {
+                return Err(bad(
+                    "rounds",
+                    "give 1 to 1000 (the leak verdict needs at least 6)",
+                ));
+            }
+            (Some(n), None) => Rounds::Count(n),
+            (None, Some(t)) => Rounds::Every(duration_key("round", t)?),
+            (None, None) => Rounds::Count(DEFAULT_ROUNDS),
+        };
         let gap = Span::parse("gap", raw.gap.as_deref().unwrap_or("2%"))?;
-        if let Span::Share(s) = gap
-            && s * f64::from(rounds) >= 0.5
+        if let (Span::Share(s), Rounds::Count(n)) = (gap, rounds)
+            && s * f64::from(n) >= 0.5
         {
             return Err(bad(
                 "gap",
@@ -413,8 +500,9 @@ impl Night {
         }
         let mut names = BTreeSet::new();
         let mut streams = Vec::new();
+        let mut leaders = Vec::new();
         for (i, s) in raw.stream.into_iter().enumerate() {
-            let stream = stream(s, i, dir)?;
+            let (stream, after) = stream(s, i, dir)?;
             if !names.insert(stream.name.clone()) {
                 return Err(bad(
                     &format!("stream[{i}].name"),
@@ -422,6 +510,15 @@ impl Night {
                 ));
             }
             streams.push(stream);
+            leaders.push(after);
+        }
+        for (i, after) in leaders.iter().enumerate() {
+            if let Some(name) = after {
+                let leader = leader_of(&streams, i, name)?;
+                if let Arrivals::After { stream, .. } = &mut streams[i].arrivals {
+                    *stream = leader;
+                }
+            }
         }
         let mut faults = Vec::new();
         for (i, f) in raw.fault.into_iter().enumerate() {
@@ -463,7 +560,113 @@ fn duration_key(key: &str, text: &str) -> Result<Duration, ScenarioError> {
         .ok_or_else(|| bad(key, format!("`{text}` is not a positive duration")))
 }
 
-fn stream(s: RawStream, i: usize, dir: &Path) -> Result<Stream, ScenarioError> {
+/// The index of the stream `name` that stream `i` follows: a closed-loop stream other than
+/// itself (its clients send the follower's requests).
+fn leader_of(streams: &[Stream], i: usize, name: &str) -> Result<usize, ScenarioError> {
+    let key = format!("stream[{i}].after");
+    let leader = streams
+        .iter()
+        .position(|s| s.name == name)
+        .ok_or_else(|| bad(&key, format!("no stream is named `{name}`")))?;
+    if leader == i {
+        return Err(bad(&key, "a stream cannot follow itself"));
+    }
+    match streams[leader].arrivals {
+        Arrivals::Workers { .. } => Ok(leader),
+        _ => Err(bad(
+            &key,
+            format!(
+                "`{name}` has no clients of its own to send it: follow a stream with `workers`"
+            ),
+        )),
+    }
+}
+
+/// The closed loop's think time from the stream's keys.
+fn think(s: &RawStream, key: &dyn Fn(&str) -> String) -> Result<Think, ScenarioError> {
+    let mean = match &s.think {
+        None => Duration::ZERO,
+        Some(t) => parse_duration(t, BareNumber::Seconds)
+            .ok_or_else(|| bad(&key("think"), format!("`{t}` is not a duration")))?,
+    };
+    let at_random = s.think_at_random.unwrap_or(false);
+    let min = match &s.think_min {
+        None => Duration::ZERO,
+        Some(_) if !at_random => {
+            return Err(bad(
+                &key("think_min"),
+                "goes with `think_at_random = true` (a fixed think is its own minimum)",
+            ));
+        }
+        Some(t) => parse_duration(t, BareNumber::Seconds)
+            .ok_or_else(|| bad(&key("think_min"), format!("`{t}` is not a duration")))?,
+    };
+    if min > mean {
+        return Err(bad(
+            &key("think_min"),
+            "is longer than `think`, the mean think time",
+        ));
+    }
+    Ok(Think {
+        mean,
+        at_random,
+        min,
+    })
+}
+
+/// When the stream's requests start, from `per_minute`, `workers` or `after` (exactly one). A
+/// follower's leader is resolved once every stream is read.
+fn arrivals(s: &RawStream, i: usize) -> Result<Arrivals, ScenarioError> {
+    let key = |k: &str| format!("stream[{i}].{k}");
+    let closed_loop_keys = [
+        ("think", s.think.is_some()),
+        ("think_at_random", s.think_at_random.is_some()),
+        ("think_min", s.think_min.is_some()),
+    ];
+    let misplaced = |why: &str| -> Result<(), ScenarioError> {
+        match closed_loop_keys.iter().find(|(_, given)| *given) {
+            Some((k, _)) => Err(bad(&key(k), why)),
+            None => Ok(()),
+        }
+    };
+    if s.share.is_some() && s.after.is_none() {
+        return Err(bad(&key("share"), "goes with `after`"));
+    }
+    match (s.per_minute, s.workers, &s.after) {
+        (Some(r), None, None) if r.is_finite() && r > 0.0 && r <= 6000.0 => {
+            misplaced("goes with `workers`, not `per_minute`")?;
+            Ok(Arrivals::Poisson { per_minute: r })
+        }
+        (Some(_), None, None) => Err(bad(
+            &key("per_minute"),
+            "give a rate above 0 and at most 6000",
+        )),
+        (None, Some(w), None) if (1..=256).contains(&w) => Ok(Arrivals::Workers {
+            workers: w,
+            think: think(s, &key)?,
+        }),
+        (None, Some(_), None) => Err(bad(&key("workers"), "give 1 to 256")),
+        (None, None, Some(_)) => {
+            misplaced(
+                "goes with `workers`, not `after` (a follower is sent by its leader's clients)",
+            )?;
+            let share = s.share.unwrap_or(1.0);
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                return Err(bad(&key("share"), "give a share above 0 and at most 1"));
+            }
+            Ok(Arrivals::After {
+                stream: usize::MAX,
+                share,
+            })
+        }
+        _ => Err(bad(
+            &format!("stream[{i}]"),
+            "give exactly one of `per_minute` (arrivals at random), `workers` (clients back to back) and `after` (sent right after another stream's requests)",
+        )),
+    }
+}
+
+fn stream(s: RawStream, i: usize, dir: &Path) -> Result<(Stream, Option<String>), ScenarioError> {
     let key = |k: &str| format!("stream[{i}].{k}");
     if !valid_name(&s.name) {
         return Err(bad(
@@ -482,35 +685,7 @@ fn stream(s: RawStream, i: usize, dir: &Path) -> Result<Stream, ScenarioError> {
             ));
         }
     };
-    let arrivals = match (s.per_minute, s.workers) {
-        (Some(r), None) if r.is_finite() && r > 0.0 && r <= 6000.0 => {
-            if s.think.is_some() {
-                return Err(bad(&key("think"), "goes with `workers`, not `per_minute`"));
-            }
-            Arrivals::Poisson { per_minute: r }
-        }
-        (Some(_), None) => {
-            return Err(bad(
-                &key("per_minute"),
-                "give a rate above 0 and at most 6000",
-            ));
-        }
-        (None, Some(w)) if (1..=256).contains(&w) => Arrivals::Workers {
-            workers: w,
-            think: match &s.think {
-                None => Duration::ZERO,
-                Some(t) => parse_duration(t, BareNumber::Seconds)
-                    .ok_or_else(|| bad(&key("think"), format!("`{t}` is not a duration")))?,
-            },
-        },
-        (None, Some(_)) => return Err(bad(&key("workers"), "give 1 to 256")),
-        _ => {
-            return Err(bad(
-                &format!("stream[{i}]"),
-                "give exactly one of `per_minute` (arrivals at random) and `workers` (clients back to back)",
-            ));
-        }
-    };
+    let arrivals = arrivals(&s, i)?;
     let deadline = match &s.deadline {
         Some(t) => duration_key(&key("deadline"), t)?,
         None => Duration::from_secs(if kind == StreamKind::Chat { 300 } else { 120 }),
@@ -610,16 +785,19 @@ fn stream(s: RawStream, i: usize, dir: &Path) -> Result<Stream, ScenarioError> {
         }
         .into()
     });
-    Ok(Stream {
-        name: s.name,
-        kind,
-        backend: s.backend,
-        model,
-        arrivals,
-        deadline,
-        p99_vs_idle,
-        payload,
-    })
+    Ok((
+        Stream {
+            name: s.name,
+            kind,
+            backend: s.backend,
+            model,
+            arrivals,
+            deadline,
+            p99_vs_idle,
+            payload,
+        },
+        s.after,
+    ))
 }
 
 fn fault(f: RawFault, i: usize, streams: &[Stream]) -> Result<Fault, ScenarioError> {
@@ -758,7 +936,7 @@ count = 2
     #[test]
     fn a_small_night_parses_with_its_defaults() {
         let n = Night::parse(SMALL, Path::new("/scen")).unwrap();
-        assert_eq!(n.rounds, 6);
+        assert_eq!(n.rounds, Rounds::Count(6));
         assert_eq!(n.idle_requests, 3);
         assert_eq!(n.client.max_retries, 2);
         assert_eq!(n.streams.len(), 2);
@@ -786,7 +964,7 @@ count = 2
             r.arrivals,
             Arrivals::Workers {
                 workers: 2,
-                think: Duration::from_secs(1)
+                think: Think::fixed(Duration::from_secs(1))
             }
         );
         assert!(r.payload.streams());
@@ -859,6 +1037,11 @@ count = 2
             ),
             (SMALL.replace("gap = \"5%\"", "gap = \"9%\""), "gap"),
             (
+                SMALL.replace("rounds = 6", "rounds = 6\nround = \"5m\""),
+                "round",
+            ),
+            (SMALL.replace("rounds = 6", "round = \"often\""), "round"),
+            (
                 SMALL.replace("bytes = \"15%\"", "bytes = \"lots\""),
                 "fault[1].bytes",
             ),
@@ -868,6 +1051,151 @@ count = 2
             assert!(err.contains(key), "{key}: {err}");
             assert!(!err.contains('\n'), "one line: {err}");
         }
+    }
+
+    /// One person at a workstation: dictation from one client that speaks each clip before
+    /// sending it, and the assistant's spoken answer to two in three of them.
+    const TURNS: &str = r#"
+name = "turns"
+[[stream]]
+name = "dictation"
+kind = "transcription"
+clip = "fox.wav"
+workers = 1
+think = "9s"
+think_at_random = true
+think_min = "4.3s"
+[[stream]]
+name = "reply"
+kind = "speech"
+after = "dictation"
+share = 0.67
+"#;
+
+    #[test]
+    fn a_follower_names_its_leader_and_the_share_of_its_turns() {
+        let n = Night::parse(TURNS, Path::new("/scen")).unwrap();
+        assert_eq!(
+            n.streams[0].arrivals,
+            Arrivals::Workers {
+                workers: 1,
+                think: Think {
+                    mean: Duration::from_secs(9),
+                    at_random: true,
+                    min: Duration::from_millis(4300)
+                }
+            }
+        );
+        assert_eq!(
+            n.streams[1].arrivals,
+            Arrivals::After {
+                stream: 0,
+                share: 0.67
+            }
+        );
+        // A follower named before its leader is resolved all the same.
+        let swapped = r#"
+name = "turns"
+[[stream]]
+name = "reply"
+kind = "speech"
+after = "dictation"
+[[stream]]
+name = "dictation"
+kind = "speech"
+workers = 1
+"#;
+        let n = Night::parse(swapped, Path::new("/")).unwrap();
+        assert_eq!(
+            n.streams[0].arrivals,
+            Arrivals::After {
+                stream: 1,
+                share: 1.0
+            }
+        );
+    }
+
+    #[test]
+    fn bad_turns_name_the_key() {
+        let cases = [
+            (
+                TURNS.replace("after = \"dictation\"", "after = \"nope\""),
+                "stream[1].after",
+                "no stream is named",
+            ),
+            (
+                TURNS.replace("after = \"dictation\"", "after = \"reply\""),
+                "stream[1].after",
+                "itself",
+            ),
+            (
+                TURNS.replace(
+                    "workers = 1\nthink = \"9s\"\nthink_at_random = true\nthink_min = \"4.3s\"",
+                    "per_minute = 6",
+                ),
+                "stream[1].after",
+                "no clients of its own",
+            ),
+            (
+                TURNS.replace("share = 0.67", "share = 0.67\nworkers = 1"),
+                "stream[1]",
+                "exactly one of",
+            ),
+            (
+                TURNS.replace("share = 0.67", "share = 0.67\nthink = \"1s\""),
+                "stream[1].think",
+                "not `after`",
+            ),
+            (
+                TURNS.replace("share = 0.67", "share = 1.5"),
+                "stream[1].share",
+                "at most 1",
+            ),
+            (
+                TURNS.replace("after = \"dictation\"\n", "per_minute = 4\n"),
+                "stream[1].share",
+                "goes with `after`",
+            ),
+            (
+                TURNS.replace("think_at_random = true\n", ""),
+                "stream[0].think_min",
+                "think_at_random",
+            ),
+            (
+                TURNS.replace("think_min = \"4.3s\"", "think_min = \"10s\""),
+                "stream[0].think_min",
+                "longer than `think`",
+            ),
+        ];
+        for (text, key, why) in cases {
+            let err = Night::parse(&text, Path::new(".")).unwrap_err().0;
+            assert!(err.contains(key) && err.contains(why), "{key}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_think_at_random_never_ends_before_its_minimum_and_keeps_its_mean() {
+        let think = Think {
+            mean: Duration::from_secs(9),
+            at_random: true,
+            min: Duration::from_millis(4300),
+        };
+        let mut rng = headroom_bench::arrivals::Rng::new(29);
+        let draws: Vec<f64> = (0..20_000)
+            .map(|_| think.draw(&mut rng).as_secs_f64())
+            .collect();
+        assert!(
+            draws.iter().all(|d| *d >= 4.3),
+            "never shorter than speaking the clip"
+        );
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        assert!((mean - 9.0).abs() < 0.2, "mean {mean}");
+        // An exponential wait above the minimum: about 1/e of them wait more than its mean
+        // (4.7 s) above it.
+        let long = draws.iter().filter(|d| **d > 9.0).count() as f64 / draws.len() as f64;
+        assert!((long - (-1.0f64).exp()).abs() < 0.02, "{long}");
+        let fixed = Think::fixed(Duration::from_secs(2));
+        assert_eq!(fixed.draw(&mut rng), Duration::from_secs(2));
     }
 
     #[test]
@@ -881,7 +1209,12 @@ count = 2
     fn the_example_night_parses() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/night.toml");
         let n = Night::load(&path).unwrap();
-        assert!(n.rounds >= 6, "the leak verdict needs six rounds");
+        for length in [90, 600, 3600] {
+            assert!(
+                n.rounds.of(Duration::from_secs(length)) >= MIN_ROUNDS,
+                "the leak verdict needs six rounds"
+            );
+        }
         for kind in [
             StreamKind::Transcription,
             StreamKind::Speech,
