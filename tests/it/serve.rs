@@ -1404,6 +1404,51 @@ async fn upstream_errors_in_other_shapes_reach_the_client_in_openai_shape() {
     g.shutdown().await.unwrap();
 }
 
+/// Found by the drill's hour: llama.cpp restarted after a kill answered two requests 503
+/// "Loading model" without a Retry-After, and the gateway passed them on so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_refusal_reaches_the_client_with_a_retry_after() {
+    let (_serial, _up, g, c, b) = rig(|up| text_lane(up, "max_inflight = 2")).await;
+    let loading = r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
+    let r = chat(
+        &c,
+        &b,
+        "loading",
+        &[("x-test-status", "503"), ("x-test-error-body", loading)],
+        false,
+    )
+    .await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(json_of(r).await["error"]["message"], "Loading model");
+    let r = chat(
+        &c,
+        &b,
+        "busy",
+        &[
+            ("x-test-status", "429"),
+            ("x-test-error-body", "slow down"),
+            ("x-test-retry-after", "7"),
+        ],
+        false,
+    )
+    .await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "7");
+    assert_eq!(r.headers()["retry-after-ms"], "7000");
+    let r = chat(
+        &c,
+        &b,
+        "broken",
+        &[("x-test-status", "500"), ("x-test-error-body", "boom")],
+        false,
+    )
+    .await;
+    assert_eq!(r.status(), 500);
+    assert!(r.headers().get("retry-after").is_none());
+    g.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn output_tokens_are_capped_and_speech_streams_back_binary() {
     let (_serial, up, g, c, b) = rig(|up| {

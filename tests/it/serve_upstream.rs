@@ -202,7 +202,13 @@ fn error_reply(headers: &HeaderMap) -> Option<Response> {
         return None;
     }
     let body = header_str(headers, "x-test-error-body").unwrap_or_default();
-    Some((StatusCode::from_u16(status as u16).unwrap(), body).into_response())
+    let mut response = (StatusCode::from_u16(status as u16).unwrap(), body).into_response();
+    if let Some(ra) = header_str(headers, "x-test-retry-after") {
+        response
+            .headers_mut()
+            .insert("retry-after", ra.parse().unwrap());
+    }
+    Some(response)
 }
 
 async fn generate(State(s): State<Up>, req: Request) -> Response {

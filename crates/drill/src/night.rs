@@ -1,9 +1,10 @@
 //! The night's clock and traffic. The night of `--duration` is cut into the file's rounds; each
 //! round has an active part (requests arrive: Poisson streams at random, worker streams back to
-//! back) and ends in a quiet gap, entered once every request of the round is answered, whose
-//! memory floor goes to the leak verdict. A fault at a share of the night fires at the same share
-//! of the night's active time, so it always lands while requests are flowing. Before the night,
-//! each stream is measured alone on the quiet box (its idle figure).
+//! back, a follower stream right after its leader's answers) and ends in a quiet gap, entered
+//! once every request of the round is answered, whose memory floor goes to the leak verdict. A
+//! fault at a share of the night fires at the same share of the night's active time, so it always
+//! lands while requests are flowing. Before the night, each stream is measured alone on the quiet
+//! box (its idle figure).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -455,6 +455,22 @@ pub(crate) fn from_upstream(status: StatusCode, body: &[u8]) -> ApiError {
     }
 }
 
+/// The Retry-After of an upstream's refusal passed on to the client: a 429 or 503 always carries
+/// one (an engine that is loading its model answers 503 without it: llama.cpp's "Loading model"),
+/// the upstream's own delay in seconds where it gave one, within [1 s, 10 min], else 1 s (an
+/// HTTP-date is not followed). Other statuses carry none: they are not worth a retry as they are.
+pub(crate) fn upstream_retry_after(status: StatusCode, sent: Option<&[u8]>) -> Option<Duration> {
+    const DEFAULT: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(600);
+    if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let secs = sent
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    Some(secs.map_or(DEFAULT, |s| Duration::from_secs(s).clamp(DEFAULT, MAX)))
+}
+
 fn truncate(s: &str) -> String {
     const MAX: usize = 1000;
     if s.len() <= MAX {
@@ -634,6 +650,27 @@ mod tests {
         ] {
             assert_eq!(ErrorCode::of_rejection(r).as_str(), r.code());
         }
+    }
+
+    #[test]
+    fn an_upstream_429_or_503_is_passed_on_with_a_retry_after() {
+        let ra = |status: u16, sent: Option<&str>| {
+            upstream_retry_after(
+                StatusCode::from_u16(status).unwrap(),
+                sent.map(str::as_bytes),
+            )
+        };
+        // llama.cpp's "Loading model" 503 has none: the gateway's floor.
+        assert_eq!(ra(503, None), Some(Duration::from_secs(1)));
+        assert_eq!(ra(429, Some("7")), Some(Duration::from_secs(7)));
+        assert_eq!(ra(503, Some(" 0 ")), Some(Duration::from_secs(1)));
+        assert_eq!(ra(503, Some("86400")), Some(Duration::from_secs(600)));
+        assert_eq!(
+            ra(503, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(ra(500, Some("5")), None);
+        assert_eq!(ra(400, None), None);
     }
 
     #[test]

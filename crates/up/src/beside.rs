@@ -29,7 +29,7 @@ pub(crate) async fn text_beside_audio(
 ) -> (GivesWay, Vec<String>) {
     let mut gives_way = GivesWay::default();
     let mut ran = Vec::new();
-    let max_tokens = generation_tokens(f.context_per_sequence);
+    let (prompt_tokens, max_tokens) = text_load(f.context_per_sequence);
     let text = t.upstream();
     let flags = shown_flags(f);
     for b in ctx.config.audio() {
@@ -51,6 +51,7 @@ pub(crate) async fn text_beside_audio(
         let side = TextSide {
             base: &text,
             generations: f.sequences,
+            prompt_tokens,
             max_tokens,
         };
         let measured = lane_contention(ctx, t, b, w, known, side).await;
@@ -96,10 +97,15 @@ impl GivesWay {
     }
 }
 
-/// The tokens of the generation run beside an audio job: long enough to outlast the job, short
-/// enough for the context of one sequence (its context less 128, within 16 to 1,024).
-pub(crate) fn generation_tokens(context_per_sequence: u64) -> u64 {
-    context_per_sequence.saturating_sub(128).clamp(16, 1024)
+/// Each request run beside an audio job, in tokens: a prompt of half of one sequence's context,
+/// at most 512 (a page of transcript), and an answer of a quarter of it, at most 64 (a
+/// paragraph), so the engine reads prompts as well as writes ([`contention::prompt`]) and a
+/// request fits its sequence.
+pub(crate) fn text_load(context_per_sequence: u64) -> (u64, u64) {
+    (
+        (context_per_sequence / 2).clamp(8, 512),
+        (context_per_sequence / 4).clamp(8, 64),
+    )
 }
 
 /// Times `b`'s shortest job beside the text engine ([`warmup::prepare_shortest`]) and, when
@@ -170,7 +176,7 @@ mod tests {
 
     use headroom_gpu::calibration::ContentionFigures;
 
-    use super::{GivesWay, generation_tokens, kept_applies, verdict};
+    use super::{GivesWay, kept_applies, text_load, verdict};
     use crate::boxfile::Engine;
     use crate::contention::Contention;
     use crate::flags::TextFlags;
@@ -230,8 +236,15 @@ mod tests {
         // Its figure was the fastest of its rounds: measured again.
         assert_eq!(old.with_text_of_rounds, "fastest");
         assert!(!kept_applies(&old, &shown, &flags(1)));
-        let old = ContentionFigures {
+        // The median beside decode-only generations (before prompts were read beside the job):
+        // measured again too.
+        let decode_only = ContentionFigures {
             with_text_of_rounds: "median".into(),
+            ..old.clone()
+        };
+        assert!(!kept_applies(&decode_only, &shown, &flags(1)));
+        let old = ContentionFigures {
+            with_text_of_rounds: "median beside prompts read".into(),
             ..old
         };
         assert!(kept_applies(&old, &shown, &flags(1)));
@@ -246,10 +259,11 @@ mod tests {
     }
 
     #[test]
-    fn the_generation_beside_a_job_fits_one_sequence() {
-        assert_eq!(generation_tokens(4096), 1024);
-        assert_eq!(generation_tokens(600), 472);
-        assert_eq!(generation_tokens(100), 16);
+    fn each_request_beside_a_job_reads_a_page_and_fits_one_sequence() {
+        assert_eq!(text_load(8192), (512, 64));
+        assert_eq!(text_load(512), (256, 64));
+        assert_eq!(text_load(200), (100, 50));
+        assert_eq!(text_load(16), (8, 8));
     }
 
     #[test]

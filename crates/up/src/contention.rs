@@ -1,7 +1,8 @@
 //! Whether text slows the audio down on this box, measured: an audio backend's warm-up job timed
-//! alone, then beside as many streaming text generations as the text lane runs at once (its
-//! sequences: what the job meets on a busy night), whose tokens before the job began give the
-//! text engine's decode step on its own. Where they slow the job by more than [`SLOWDOWN_LIMIT`]
+//! alone, then beside as many streams of text requests as the text lane runs at once (its
+//! sequences: what the job meets on a busy night), each a prompt read and a short answer written,
+//! again and again ([`prompt`]), whose tokens before the job began give the text engine's decode
+//! step on its own. Where they slow the job by more than [`SLOWDOWN_LIMIT`]
 //! (engines on the same cores, or on the same GPU without room for both), the text lane yields to
 //! that audio lane and stops every running request when one of its jobs is admitted (`preempt`,
 //! `preempt_per_job = "all"`); `preempt_settle` lets a decode step in
@@ -32,9 +33,10 @@ const ROUNDS: usize = 2;
 /// generations; kept as the fastest (x1.14 in CI) text ran on beside dictation, and dictation's
 /// median on the night was 1.6 to 1.8 x its idle figure.
 const ROUNDS_BESIDE: usize = 3;
-/// How the figure beside text is taken from its rounds, as kept: a kept figure taken another way
-/// is measured again.
-pub const WITH_TEXT_OF_ROUNDS: &str = "median";
+/// How the figure beside text is taken, as kept: a kept figure taken another way is measured
+/// again. (Figures kept as "median" were taken beside decode-only generations, which understate
+/// the text engine's load: see [`prompt`].)
+pub const WITH_TEXT_OF_ROUNDS: &str = "median beside prompts read";
 /// Tokens (or time) of the generation on its own before the audio job begins.
 const STEPS_ALONE: usize = 6;
 const STEPS_ALONE_WAIT: Duration = Duration::from_secs(3);
@@ -162,8 +164,7 @@ pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Dur
 }
 
 /// Measures `job` (an audio backend's warm-up) alone (unless `alone` is known: the fastest of
-/// its warm-up runs) and beside `generations` streaming generations of the text engine at
-/// `text_base` with `max_tokens` each (long enough to outlast the job).
+/// its warm-up runs) and beside `text`'s streams of requests, which run until the job ends.
 pub async fn measure(
     client: &reqwest::Client,
     backend: &str,
@@ -189,7 +190,7 @@ pub async fn measure(
     for _ in 0..rounds.beside() {
         let mut streams = Vec::new();
         for _ in 0..generations {
-            streams.push(TextStream::start(client, text.base, &model, text.max_tokens).await?);
+            streams.push(TextStream::start(client, text, &model).await?);
         }
         let begun = Instant::now();
         streams[0].steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
@@ -199,7 +200,7 @@ pub async fn measure(
         let took = took?.took;
         if let Some((stamps, _)) = seen.iter().find(|(_, finished)| *finished) {
             return Err(format!(
-                "a text generation ended before the audio job did ({} chunks)",
+                "the text engine stopped answering before the audio job ended ({} chunks)",
                 stamps.len()
             ));
         }
@@ -223,14 +224,41 @@ pub async fn measure(
     })
 }
 
-/// The text engine a job is measured beside: where it listens, how many generations stream at
-/// once (the text lane's sequences) and how long each may run.
+/// The text engine a job is measured beside: where it listens, how many streams of requests run
+/// at once (the text lane's sequences), and each request's prompt and answer in tokens.
 #[derive(Debug, Clone, Copy)]
 pub struct TextSide<'a> {
     pub base: &'a str,
     pub generations: u64,
+    pub prompt_tokens: u64,
     pub max_tokens: u64,
 }
+
+/// Words the prompts are made of: common English words, about one token each in the BPE
+/// vocabularies of Llama, Qwen, Gemma and SmolLM.
+const WORDS: [&str; 16] = [
+    "the", "meeting", "notes", "say", "that", "we", "will", "move", "the", "call", "to",
+    "Thursday", "and", "keep", "the", "plan",
+];
+
+/// A request's prompt of about `tokens` tokens, led by its number `id`. A job is measured beside
+/// prompts being read as well as answers being written: reading a prompt is the text engine's
+/// heaviest work (every core, or the whole GPU, on one batch), and a busy text lane reads prompts
+/// all night. Decode-only generations understated it: on the CPU box Whisper's 2.5-minute
+/// recording was 1.11 x beside two of them, then 1.2 to 1.9 x on the night beside clean-up
+/// requests (400-token transcripts). The number leads, so no two prompts share a prefix an
+/// engine's prompt cache could reuse (llama.cpp's slots, vLLM's prefix blocks).
+pub fn prompt(id: u64, tokens: u64) -> String {
+    let mut out = format!("Request {id}. Summarise:");
+    for i in 0..tokens.saturating_sub(6) as usize {
+        out.push(' ');
+        out.push_str(WORDS[i % WORDS.len()]);
+    }
+    out
+}
+
+/// Numbers the prompts of every stream, so none repeats.
+static PROMPTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// The text engine's model name (`GET /v1/models`, first entry), which vLLM requires in a
 /// request and llama.cpp ignores.
@@ -251,55 +279,81 @@ async fn served_model(client: &reqwest::Client, base: &str) -> String {
     listed.await.unwrap_or_else(|| "default".into())
 }
 
-/// One streaming chat completion whose chunk arrival times are recorded until it is stopped
-/// (dropping the connection, which the engine reads as a cancel).
+/// One stream of text requests, each a prompt ([`prompt`]) answered in `max_tokens` tokens and
+/// followed by the next, whose chunk arrival times are recorded until it is stopped (dropping the
+/// connection, which the engine reads as a cancel).
 struct TextStream {
     stamps: Arc<Mutex<Seen>>,
     reader: tokio::task::JoinHandle<()>,
 }
 
-/// The chunk arrival times, and whether the stream has ended.
+/// The chunk arrival times, and whether the stream has ended (the engine stopped answering).
 type Seen = (Vec<Instant>, bool);
 
+/// Posts one streaming request of `text`'s size.
+async fn post(
+    client: &reqwest::Client,
+    text: &TextSide<'_>,
+    model: &str,
+) -> Result<reqwest::Response, String> {
+    let id = PROMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": prompt(id, text.prompt_tokens)}],
+        "max_tokens": text.max_tokens,
+        // A small model may end its answer after a few tokens: every answer is as long as asked
+        // (llama.cpp's server and vLLM both take it).
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let response = client
+        .post(format!("{}/v1/chat/completions", text.base))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .map_err(|e| format!("the text request failed: {e}"))?;
+    if !response.status().is_success() {
+        return Err(format!("the text engine answered {}", response.status()));
+    }
+    Ok(response)
+}
+
 impl TextStream {
-    /// Starts the generation and waits for its first token (at most 60 s).
+    /// Starts the stream and waits for its first token (at most 60 s).
     async fn start(
         client: &reqwest::Client,
-        base: &str,
+        text: TextSide<'_>,
         model: &str,
-        max_tokens: u64,
     ) -> Result<TextStream, String> {
-        let body = serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": "Count from one to one thousand in words, one number per line."}],
-            "max_tokens": max_tokens,
-            // A small model may end its answer after a few tokens: the generation must outlast
-            // the job (llama.cpp's server and vLLM both take it).
-            "ignore_eos": true,
-            "stream": true,
-        });
-        let mut response = client
-            .post(format!("{base}/v1/chat/completions"))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .map_err(|e| format!("the text request failed: {e}"))?;
-        if !response.status().is_success() {
-            return Err(format!("the text engine answered {}", response.status()));
-        }
+        let mut response = post(client, &text, model).await?;
         let stamps: Arc<Mutex<Seen>> = Arc::new(Mutex::new((Vec::new(), false)));
         let seen = Arc::clone(&stamps);
         let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+        let (client, model) = (client.clone(), model.to_string());
+        let (base, prompt_tokens, max_tokens) =
+            (text.base.to_string(), text.prompt_tokens, text.max_tokens);
         let reader = tokio::spawn(async move {
+            let text = TextSide {
+                base: &base,
+                generations: 1,
+                prompt_tokens,
+                max_tokens,
+            };
             let mut first = Some(first_tx);
-            while let Ok(Some(_)) = response.chunk().await {
-                seen.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0
-                    .push(Instant::now());
-                if let Some(tx) = first.take() {
-                    let _ = tx.send(());
+            loop {
+                while let Ok(Some(_)) = response.chunk().await {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                        .push(Instant::now());
+                    if let Some(tx) = first.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                match post(&client, &text, &model).await {
+                    Ok(next) => response = next,
+                    Err(_) => break,
                 }
             }
             seen.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
@@ -405,6 +459,18 @@ mod tests {
         // 0.46 s alone: the median makes text give way where the fastest round (x1.33 here,
         // x1.14 in CI) might not.
         assert!(seen(460, 660, None).text_gives_way());
+    }
+
+    #[test]
+    fn prompts_are_as_long_as_asked_and_share_no_prefix() {
+        let a = prompt(7, 512);
+        let b = prompt(8, 512);
+        // About one word per token: the number and the lead-in count for six.
+        assert_eq!(a.split_whitespace().count(), 3 + 506);
+        assert_eq!(prompt(1, 3).split_whitespace().count(), 3);
+        // They differ from the first word on (the number), so no prompt cache reuses one.
+        assert!(a.starts_with("Request 7.") && b.starts_with("Request 8."));
+        assert_ne!(a.split(' ').nth(1), b.split(' ').nth(1));
     }
 
     #[test]

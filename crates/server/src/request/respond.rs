@@ -1,5 +1,5 @@
 //! The response: an upstream 4xx/5xx rewritten into OpenAI's error shape (reading a bounded part
-//! of its body), or the upstream's status and headers with the gateway's own added and the body
+//! of its body; a 429 or 503 always with a Retry-After), or the upstream's status and headers with the gateway's own added and the body
 //! passed through chunk by chunk under the deadline and preemption.
 
 use axum::body::Body;
@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::preempt::Waiter;
 use super::{Deadline, Lane, Reply};
-use crate::error::{ApiError, from_upstream};
+use crate::error::{ApiError, from_upstream, upstream_retry_after};
 use crate::proxy::{Flight, Passthrough};
 use crate::upstream::UpstreamResponse;
 
@@ -28,9 +28,17 @@ pub(super) async fn respond(
 ) -> Result<Reply, ApiError> {
     let status = response.status();
     if status.is_client_error() || status.is_server_error() {
+        let retry = upstream_retry_after(
+            status,
+            response
+                .forwarded()
+                .upstream_field(crate::headers::RETRY_AFTER.as_bytes()),
+        );
         let body = read_limited(response, deadline.at).await;
         flight.finish("upstream_error");
-        return Err(from_upstream(status, &body));
+        let mut err = from_upstream(status, &body);
+        err.retry_after = retry;
+        return Err(err);
     }
     // The upstream client has already taken out the connection's own fields (hop-by-hop and
     // framing): what is left crosses to the client, beside the gateway's own.

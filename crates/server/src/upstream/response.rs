@@ -80,6 +80,11 @@ impl UpstreamResponse {
         self.status
     }
 
+    /// The end-to-end header fields as the upstream sent them.
+    pub(crate) fn forwarded(&self) -> &Forwarded {
+        &self.forwarded
+    }
+
     /// Moves the end-to-end header fields out (none are left).
     pub(crate) fn take_forwarded(&mut self) -> Forwarded {
         std::mem::take(&mut self.forwarded)

@@ -124,6 +124,14 @@ impl Forwarded {
         self.date
     }
 
+    /// The value of the upstream's first field `name` (any case), as it sent it.
+    pub fn upstream_field(&self, name: &[u8]) -> Option<&[u8]> {
+        let (mut upstream, _) = self.split();
+        upstream
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    }
+
     /// Adds one of the gateway's own fields (a name no other line of the gateway's has); it
     /// replaces an upstream field of the same name.
     pub fn add(&mut self, name: &'static str, value: &[u8]) {
