@@ -74,10 +74,10 @@ pub struct ContentionFigures {
     /// field measured beside one.
     #[serde(default = "one_generation")]
     pub generations: u64,
-    /// How `with_text_seconds` was taken: `"median beside prompts read"` (of three rounds, each
-    /// beside requests that read prompts and write answers); `"median"` was beside decode-only
-    /// generations and files from before this field kept the fastest of two (`"fastest"`): both
-    /// are measured again.
+    /// How `with_text_seconds` was taken: `"slowest beside prompts read"` (the slowest of three
+    /// rounds, each beside requests that read prompts and write answers); `"median"` was the
+    /// middle round beside decode-only generations and files from before this field kept the
+    /// fastest of two (`"fastest"`): both are measured again.
     #[serde(default = "fastest")]
     pub with_text_of_rounds: String,
     #[serde(default)]

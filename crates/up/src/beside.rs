@@ -236,15 +236,15 @@ mod tests {
         // Its figure was the fastest of its rounds: measured again.
         assert_eq!(old.with_text_of_rounds, "fastest");
         assert!(!kept_applies(&old, &shown, &flags(1)));
-        // The median beside decode-only generations (before prompts were read beside the job):
-        // measured again too.
+        // The median beside decode-only generations (before prompts were read beside the job and
+        // the slowest round kept): measured again too.
         let decode_only = ContentionFigures {
             with_text_of_rounds: "median".into(),
             ..old.clone()
         };
         assert!(!kept_applies(&decode_only, &shown, &flags(1)));
         let old = ContentionFigures {
-            with_text_of_rounds: "median beside prompts read".into(),
+            with_text_of_rounds: "slowest beside prompts read".into(),
             ..old
         };
         assert!(kept_applies(&old, &shown, &flags(1)));
