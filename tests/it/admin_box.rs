@@ -400,3 +400,50 @@ async fn top_bench_and_soak_read_the_box_pool_without_nvml() {
     grow.abort();
     let _ = stop.send(());
 }
+
+/// An upstream that reads each request and closes the connection without an answer, as an engine
+/// killed mid-job does (found by the drill's hour: a dictation in flight when Whisper was killed
+/// got the gateway's 502 and was never served).
+async fn dying_upstream() -> String {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let _ = tokio::time::timeout(Duration::from_millis(300), async {
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                })
+                .await;
+                drop(conn);
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_backend_that_dies_under_a_request_gets_503_with_retry_after_under_up() {
+    let up = dying_upstream().await;
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    // Under `up`: the supervisor has not seen the exit yet (the backend still reads ready).
+    let mut r = report(&up);
+    r.backends[0].retry_after_ms = Some(2500);
+    let steered: Arc<dyn BoxProvider> = Arc::new(Steered(Mutex::new(r)));
+    let (base, _stop) = gateway(&config(&up), Some(steered)).await;
+    let r = transcribe(&c, &base).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "3");
+    let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "backend_unavailable");
+    // Without a box the gateway cannot know the upstream will come back: its 502 stands.
+    let (base, _stop) = gateway(&config(&up), None).await;
+    let r = transcribe(&c, &base).await;
+    assert_eq!(r.status(), 502);
+    assert!(r.headers().get("retry-after").is_none());
+}

@@ -74,8 +74,8 @@ pub struct ContentionFigures {
     /// field measured beside one.
     #[serde(default = "one_generation")]
     pub generations: u64,
-    /// How `with_text_seconds` was taken: `"slowest beside prompts read"` (the slowest of three
-    /// rounds, each beside requests that read prompts and write answers); `"median"` was the
+    /// How `with_text_seconds` was taken: `"slowest of three beside prompts read"` (the slowest
+    /// of three rounds, each beside requests that read prompts and write answers); `"median"` was the
     /// middle round beside decode-only generations and files from before this field kept the
     /// fastest of two (`"fastest"`): both are measured again.
     #[serde(default = "fastest")]

@@ -67,6 +67,44 @@ impl Core {
         self.cut.store(true, Ordering::Relaxed);
     }
 
+    /// A request whose exchange with its upstream failed (`failed`, the 502) on a lane whose every
+    /// upstream is a backend of the box that `up` runs: the backend died under it (a crash, the
+    /// kernel's OOM killer, `kill -9`) and `up` is starting it again, so the client is told to
+    /// come back (503 with the backend's Retry-After, at least 1 s) rather than that the gateway
+    /// failed. Outside `up`, or for an upstream not of the box, the 502 stands.
+    pub(crate) fn restarting_backend(
+        &self,
+        lane: &str,
+        upstreams: &[String],
+        failed: ApiError,
+    ) -> ApiError {
+        if failed.status != StatusCode::BAD_GATEWAY {
+            return failed;
+        }
+        let Some(provider) = self.box_provider.get() else {
+            return failed;
+        };
+        let report = provider.report();
+        let mut retry = Duration::from_secs(1);
+        for upstream in upstreams {
+            let Some(backend) = report.backends.iter().find(|b| &b.upstream == upstream) else {
+                return failed;
+            };
+            retry = retry.max(Duration::from_millis(
+                backend.retry_after_ms.unwrap_or(1000),
+            ));
+        }
+        let mut err = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::BackendUnavailable,
+            format!(
+                "lane `{lane}`: its backend stopped before it answered and is being started again; retry shortly"
+            ),
+        );
+        err.retry_after = Some(retry);
+        err
+    }
+
     /// The 503 for a lane whose every upstream is a backend of the box that is not serving now.
     pub(crate) fn backend_unavailable(&self, lane: &str, upstreams: &[String]) -> Option<ApiError> {
         let provider = self.box_provider.get()?;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use headroom_gpu::calibration::{Calibration, ContentionFigures};
 
 use crate::boxfile::{BackendConfig, Engine, Warmup};
-use crate::contention::{self, Contention, Rounds, TextSide};
+use crate::contention::{self, Contention, TextSide};
 use crate::ctx::Ctx;
 use crate::flags::TextFlags;
 use crate::report::shown_flags;
@@ -109,10 +109,9 @@ pub(crate) fn text_load(context_per_sequence: u64) -> (u64, u64) {
 }
 
 /// Times `b`'s shortest job beside the text engine ([`warmup::prepare_shortest`]) and, when
-/// that does not already make text give way, its warm-up job too, once ([`Rounds::Long`]); the
-/// lane's figure is the one text slows most ([`contention::worse`]). The short job first: it is
-/// the one a shared core slows most (a lane's long job spans the text engine's pauses between
-/// requests), and it takes a second where the warm-up may take a minute.
+/// that does not already make text give way, its warm-up job too; the lane's figure is the one
+/// text slows most ([`contention::worse`]). The short job first: it takes a second where the
+/// warm-up may take a minute.
 pub(crate) async fn lane_contention(
     ctx: &Ctx,
     t: &BackendConfig,
@@ -124,10 +123,9 @@ pub(crate) async fn lane_contention(
     let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
     let shortest = warmup::prepare_shortest(b, w).map_err(|e| e.to_string())?;
     let Some(short) = shortest else {
-        return contention::measure(&ctx.client, &b.name, &job, known, text, Rounds::Short).await;
+        return contention::measure(&ctx.client, &b.name, &job, known, text).await;
     };
-    let short =
-        contention::measure(&ctx.client, &b.name, &short, None, text, Rounds::Short).await?;
+    let short = contention::measure(&ctx.client, &b.name, &short, None, text).await?;
     if short.text_gives_way() {
         return Ok(short);
     }
@@ -137,7 +135,7 @@ pub(crate) async fn lane_contention(
         b.name,
         short.describe()
     ));
-    let whole = contention::measure(&ctx.client, &b.name, &job, known, text, Rounds::Long).await?;
+    let whole = contention::measure(&ctx.client, &b.name, &job, known, text).await?;
     Ok(contention::worse(whole, short))
 }
 
@@ -244,7 +242,7 @@ mod tests {
         };
         assert!(!kept_applies(&decode_only, &shown, &flags(1)));
         let old = ContentionFigures {
-            with_text_of_rounds: "slowest beside prompts read".into(),
+            with_text_of_rounds: "slowest of three beside prompts read".into(),
             ..old
         };
         assert!(kept_applies(&old, &shown, &flags(1)));

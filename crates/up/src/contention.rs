@@ -26,7 +26,11 @@ const SETTLE_MAX: Duration = Duration::from_secs(5);
 /// Rounds of the job alone; the fastest is kept (noise only ever slows a job down, so the fastest
 /// is the job's own cost).
 const ROUNDS: usize = 2;
-/// Rounds of the job beside text; the slowest is kept. How much text slows a job depends on where
+/// Rounds of the job beside text, a short job or a lane's whole warm-up alike; the slowest is
+/// kept. (A long job was timed once, on the thought that it spans enough of the text engine's
+/// work to average over it: the night box's 2.5-minute recording on one core measured 0.99 x
+/// beside text in one start and ran at a median of 1.3 to 1.4 x its idle figure beside the
+/// night's clean-up requests.) How much text slows a job depends on where
 /// in the text engine's work it lands (a prompt being read, decode steps, a pause between
 /// requests), and a lane is judged by its tail (p95, p99), which is made of the unlucky
 /// landings: the slowest round is the figure. Measured: on the CPU box Whisper's clip 0.46 s
@@ -39,7 +43,7 @@ const ROUNDS_BESIDE: usize = 3;
 /// How the figure beside text is taken, as kept: a kept figure taken another way is measured
 /// again. (Figures kept as "median" were the middle round beside decode-only generations, which
 /// understate the text engine's load: see [`prompt`].)
-pub const WITH_TEXT_OF_ROUNDS: &str = "slowest beside prompts read";
+pub const WITH_TEXT_OF_ROUNDS: &str = "slowest of three beside prompts read";
 /// Tokens (or time) of the generation on its own before the audio job begins.
 const STEPS_ALONE: usize = 6;
 const STEPS_ALONE_WAIT: Duration = Duration::from_secs(3);
@@ -145,26 +149,6 @@ pub fn worse(a: Contention, b: Contention) -> Contention {
     worst
 }
 
-/// How many times a job is timed beside text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rounds {
-    /// A job of one clip or sentence: where it lands in the text engine's work decides how much
-    /// it is slowed, so it is timed [`ROUNDS_BESIDE`] times and the slowest kept.
-    Short,
-    /// A lane's whole warm-up, many clips or sentences long: it spans many of the text engine's
-    /// steps and requests, so one timing already averages over where it lands.
-    Long,
-}
-
-impl Rounds {
-    pub fn beside(self) -> usize {
-        match self {
-            Rounds::Short => ROUNDS_BESIDE,
-            Rounds::Long => 1,
-        }
-    }
-}
-
 /// The slowest of `rounds` (zero for none).
 pub fn slowest(rounds: &[Duration]) -> Duration {
     rounds.iter().copied().max().unwrap_or_default()
@@ -187,7 +171,6 @@ pub async fn measure(
     job: &Job,
     alone: Option<Duration>,
     text: TextSide<'_>,
-    rounds: Rounds,
 ) -> Result<Contention, String> {
     let alone = match alone {
         Some(a) => a,
@@ -201,9 +184,9 @@ pub async fn measure(
     };
     let model = served_model(client, text.base).await;
     let generations = text.generations.max(1);
-    let mut beside = Vec::with_capacity(rounds.beside());
+    let mut beside = Vec::with_capacity(ROUNDS_BESIDE);
     let mut text_step: Option<Duration> = None;
-    for _ in 0..rounds.beside() {
+    for _ in 0..ROUNDS_BESIDE {
         let mut streams = Vec::new();
         for _ in 0..generations {
             streams.push(TextStream::start(client, text, &model).await?);

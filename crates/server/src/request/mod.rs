@@ -211,7 +211,9 @@ pub(crate) async fn handle(
             &mut flight,
         )
         .await?;
-        match forward::received(sent, &mut flight, lane.config.idempotent)? {
+        let received = forward::received(sent, &mut flight, lane.config.idempotent)
+            .map_err(|e| s.restarting_backend(lane.name(), &lane.config.spec.upstreams, e));
+        match received? {
             forward::Attempt::Answered(response) => break response,
             forward::Attempt::Rerouted => {
                 // A reroute keeps the permit (it moved to another upstream).
