@@ -13,6 +13,7 @@ use crate::cgroup::{BoxCgroup, Exit};
 use crate::logs::LogDir;
 use crate::meter::Meter;
 use crate::options::UpOptions;
+use crate::pause::SignalPauses;
 use crate::report::BoxStatus;
 
 /// Resolves once the stop flag is set (and never when its sender is gone without setting it).
@@ -41,6 +42,8 @@ pub(crate) struct Ctx {
     pub(crate) started_ms: u64,
     /// The memory cgroup every backend runs in (`[memory] enforce`).
     pub(crate) enforced: Option<BoxCgroup>,
+    /// The backends the gateway wants paused by signal now (a restart starts them paused).
+    pub(crate) pauses: Arc<SignalPauses>,
 }
 
 impl Ctx {

@@ -56,7 +56,7 @@ pub(crate) async fn start(
     let log = ctx.log_path(&b.name);
     let mut group = process::spawn_in(b, args, env, &ctx.config.dir, &log, procs.as_deref())?;
     ctx.meter.join(&b.upstream(), group.pid);
-    ctx.status.update(&b.name, |r| r.pid = Some(group.pid));
+    ctx.pauses.adopt(&ctx.status, &b.name, group.pid);
     ctx.say(&format!(
         "up: [{}] started pid {} ({} {}), waiting for {}{}",
         b.name,

@@ -95,7 +95,10 @@ async fn run_inner(
         Ok(g) => {
             let mut g = g.with_box(ctx.status.clone());
             for name in paused_by_signal {
-                g = g.with_pause_hook(&name, pause_by_signal(Arc::clone(&ctx.status), &name));
+                g = g.with_pause_hook(
+                    &name,
+                    pause_by_signal(Arc::clone(&ctx.status), Arc::clone(&ctx.pauses), &name),
+                );
             }
             match &ctx.meter.pool {
                 Some(pool) => g.with_pool(pool.clone()),
@@ -171,6 +174,7 @@ async fn open_box(
         logs,
         started_ms: now_ms(),
         enforced,
+        pauses: Arc::default(),
     });
     say_pool(&ctx);
     if let Some(w) = process::death_tie().warning() {
