@@ -505,3 +505,59 @@ fn serve_ignores_sighup_and_drains_on_sigterm_with_a_closed_stderr() {
     let status = wait_child(&mut child, Duration::from_secs(20)).expect("serve stops");
     assert_eq!(status.code(), Some(0), "{status}");
 }
+
+/// A backend that answers every POST with `{}` and counts it in `warmups` (its folder).
+const COUNTS_ITS_POSTS: &str = r#"exec python3 -c '
+import http.server as h, sys
+class H(h.SimpleHTTPRequestHandler):
+    def do_POST(s):
+        s.rfile.read(int(s.headers.get("Content-Length", 0)))
+        open("warmups", "a").write("1\n")
+        s.send_response(200)
+        s.send_header("Content-Type", "application/json")
+        s.send_header("Content-Length", "2")
+        s.end_headers()
+        s.wfile.write(b"{}")
+h.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+' "$0""#;
+
+#[test]
+fn a_backend_started_again_runs_its_warm_up_before_it_is_given_requests() {
+    let b = TestBox::new(COUNTS_ITS_POSTS, "", "");
+    let text = std::fs::read_to_string(&b.path).unwrap().replace(
+        "\n[serve]\n",
+        "\n[backends.warmup]\npath = \"/v1/audio/speech\"\njson = '{\"x\": 1}'\nruns = 1\n\n[serve]\n",
+    );
+    std::fs::write(&b.path, text).unwrap();
+    let warmups = || {
+        std::fs::read_to_string(b.dir.path().join("warmups"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let mut up = Up::start(&b, &[]);
+    up.wait_ready(Duration::from_secs(60));
+    let at_start = warmups();
+    assert!(
+        at_start >= 1,
+        "the warm-up at the box's start: {}",
+        up.stderr()
+    );
+    let pid = box_backend(&b.base())["pid"].as_u64().unwrap();
+    send_signal(pid, "KILL");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !up.stderr().contains("running again") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Read as soon as `up` says the backend runs again: the warm-up came before.
+    let after_restart = warmups();
+    up.signal("TERM");
+    up.wait_exit(Duration::from_secs(30));
+    assert!(up.stderr().contains("running again"), "{}", up.stderr());
+    assert_eq!(
+        after_restart,
+        at_start + 1,
+        "one warm-up after the restart, before it runs again: {}",
+        up.stderr()
+    );
+}
