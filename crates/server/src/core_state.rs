@@ -81,19 +81,9 @@ impl Core {
         if failed.status != StatusCode::BAD_GATEWAY {
             return failed;
         }
-        let Some(provider) = self.box_provider.get() else {
+        let Some(retry) = self.box_retry_after(upstreams, false) else {
             return failed;
         };
-        let report = provider.report();
-        let mut retry = Duration::from_secs(1);
-        for upstream in upstreams {
-            let Some(backend) = report.backends.iter().find(|b| &b.upstream == upstream) else {
-                return failed;
-            };
-            retry = retry.max(Duration::from_millis(
-                backend.retry_after_ms.unwrap_or(1000),
-            ));
-        }
         let mut err = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BackendUnavailable,
@@ -107,24 +97,32 @@ impl Core {
 
     /// The 503 for a lane whose every upstream is a backend of the box that is not serving now.
     pub(crate) fn backend_unavailable(&self, lane: &str, upstreams: &[String]) -> Option<ApiError> {
-        let provider = self.box_provider.get()?;
-        let report = provider.report();
-        let mut retry = Duration::ZERO;
-        for upstream in upstreams {
-            let backend = report.backends.iter().find(|b| &b.upstream == upstream)?;
-            if backend.state == BackendState::Ready {
-                return None;
-            }
-            let ms = backend.retry_after_ms.unwrap_or(1000);
-            retry = retry.max(Duration::from_millis(ms));
-        }
+        let retry = self.box_retry_after(upstreams, true)?;
         let mut err = ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::BackendUnavailable,
             format!("lane `{lane}`: its backend is restarting; retry shortly"),
         );
-        err.retry_after = Some(retry.max(Duration::from_secs(1)));
+        err.retry_after = Some(retry);
         Some(err)
+    }
+
+    /// The longest Retry-After (at least 1 s) of the box backends behind `upstreams`; `None` when
+    /// one is not a backend of the box (or there is no box), or, with `unless_ready`, when one is
+    /// serving now.
+    fn box_retry_after(&self, upstreams: &[String], unless_ready: bool) -> Option<Duration> {
+        let report = self.box_provider.get()?.report();
+        let mut retry = Duration::from_secs(1);
+        for upstream in upstreams {
+            let backend = report.backends.iter().find(|b| &b.upstream == upstream)?;
+            if unless_ready && backend.state == BackendState::Ready {
+                return None;
+            }
+            retry = retry.max(Duration::from_millis(
+                backend.retry_after_ms.unwrap_or(1000),
+            ));
+        }
+        Some(retry)
     }
 }
 
