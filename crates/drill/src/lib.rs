@@ -801,6 +801,14 @@ fn finish(
         .iter()
         .filter(|s| s.t_s >= d.night_start_s)
         .collect();
+    let slowest = report::slowest(
+        night,
+        &d.records,
+        &lanes,
+        &d.faults,
+        &d.exits,
+        d.night_start_s,
+    );
     let report = Report {
         schema_version: 1,
         tool: "headroom drill",
@@ -843,6 +851,7 @@ fn finish(
             floors_bytes: floors,
             restarts: d.recorded.changes.clone(),
         },
+        slowest,
         exits: d.exits,
         faults: d.faults,
         busy_after_night: d.busy_after_night,

@@ -96,6 +96,117 @@ pub struct ExitReport {
     pub how: String,
 }
 
+/// An audio lane's slowest served request and what ran while it did: the line to read when its
+/// p99 breaks (on a short night the p99 is the slowest request).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlowRequest {
+    pub lane: String,
+    /// Sent, seconds into the night.
+    pub at_s: f64,
+    pub secs: f64,
+    pub ratio_to_idle: Option<f64>,
+    /// Other lanes' requests in flight at any moment of it: lane name and how many.
+    pub beside: BTreeMap<String, u64>,
+    /// Faults that began from 10 s before it was sent to its answer: kind and target.
+    pub faults: Vec<String>,
+    /// Backends that exited from 30 s before it was sent to its answer.
+    pub exits: Vec<String>,
+}
+
+/// Each audio lane's slowest served request of the night, with what overlapped it.
+pub fn slowest(
+    night: &Night,
+    records: &[Record],
+    lanes: &BTreeMap<String, LaneReport>,
+    faults: &[FaultRecord],
+    exits: &[ExitReport],
+    night_start_s: f64,
+) -> Vec<SlowRequest> {
+    let night_records: Vec<&Record> = records.iter().filter(|r| r.round.is_some()).collect();
+    let mut out = Vec::new();
+    for (i, s) in night.streams.iter().enumerate() {
+        if !s.kind.is_audio() {
+            continue;
+        }
+        let Some((r, secs)) = night_records
+            .iter()
+            .filter(|r| r.stream == i)
+            .filter_map(|r| r.served_secs().map(|x| (*r, x)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+        else {
+            continue;
+        };
+        let (from, to) = (r.attempts.last().map_or(0.0, |a| a.start_s), r.ended_s());
+        let mut beside = BTreeMap::new();
+        for o in &night_records {
+            if o.stream != i && o.sent_s() < to && o.ended_s() > from {
+                *beside
+                    .entry(night.streams[o.stream].name.clone())
+                    .or_insert(0) += 1;
+            }
+        }
+        out.push(SlowRequest {
+            lane: s.name.clone(),
+            at_s: from - night_start_s,
+            secs,
+            ratio_to_idle: lanes
+                .get(&s.name)
+                .and_then(|l| l.idle_p50_s)
+                .filter(|&i| i > 0.0)
+                .map(|i| secs / i),
+            beside,
+            faults: faults
+                .iter()
+                .filter(|f| f.at_s >= from - 10.0 && f.at_s <= to)
+                .map(|f| {
+                    format!(
+                        "{} on {} at {:.1} s",
+                        f.kind,
+                        f.target,
+                        f.at_s - night_start_s
+                    )
+                })
+                .collect(),
+            exits: exits
+                .iter()
+                .filter(|e| e.at_s >= from - 30.0 && e.at_s <= to)
+                .map(|e| format!("{} at {:.1} s", e.backend, e.at_s - night_start_s))
+                .collect(),
+        });
+    }
+    out
+}
+
+fn slowest_markdown(r: &Report) -> String {
+    if r.slowest.is_empty() {
+        return String::new();
+    }
+    let mut o = String::from(
+        "Each audio lane's slowest request, and what ran while it did (other lanes' requests in flight; faults from 10 s before it; backend exits from 30 s before it):\n\n| lane | sent at s | took s | × idle | beside it | faults | exits |\n|---|---|---|---|---|---|---|\n",
+    );
+    let or_dash = |v: String| if v.is_empty() { "–".to_string() } else { v };
+    for x in &r.slowest {
+        o.push_str(&format!(
+            "| {} | {:.1} | {:.2} | {} | {} | {} | {} |\n",
+            x.lane,
+            x.at_s,
+            x.secs,
+            fmt_x(x.ratio_to_idle),
+            or_dash(
+                x.beside
+                    .iter()
+                    .map(|(l, n)| format!("{l} ×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            or_dash(x.faults.join("; ")),
+            or_dash(x.exits.join("; ")),
+        ));
+    }
+    o.push('\n');
+    o
+}
+
 /// The whole report (`report.json`). Top-level fields are stable: add, never rename.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -137,6 +248,8 @@ pub struct Report {
     /// The machine's CPUs (the CPU figures are percentages of one).
     pub cores: usize,
     pub cpu_samples: Vec<CpuSample>,
+    /// Each audio lane's slowest request and what ran beside it.
+    pub slowest: Vec<SlowRequest>,
 }
 
 /// One window of the night (times in seconds into the night).
@@ -600,8 +713,10 @@ pub fn markdown(r: &Report) -> String {
                 .unwrap_or_default()
         ));
     }
+    o.push('\n');
+    o.push_str(&slowest_markdown(r));
     o.push_str(&format!(
-        "\nMemory: limit {}{}, pool peak {}, backends' peak {}; quiet-gap floors {}.\n\n",
+        "Memory: limit {}{}, pool peak {}, backends' peak {}; quiet-gap floors {}.\n\n",
         mib(r.memory.limit_bytes),
         if r.memory.enforced {
             " (enforced)"
@@ -735,6 +850,57 @@ mod tests {
     use super::*;
     use crate::client::{Attempt, End};
     use std::path::Path;
+
+    #[test]
+    fn the_slowest_audio_request_is_named_with_what_ran_beside_it() {
+        let n = night();
+        let records = vec![
+            rec(0, None, vec![ok(0.0, 0.4)], Final::Ok),
+            // The night starts at 100 s: dictations of 0.4, 0.9 (at 120 s) and 0.5 s.
+            rec(0, Some(0), vec![ok(110.0, 0.4)], Final::Ok),
+            rec(
+                0,
+                Some(0),
+                vec![refused(119.0, Some(1.0)), ok(120.0, 0.9)],
+                Final::Ok,
+            ),
+            rec(0, Some(1), vec![ok(130.0, 0.5)], Final::Ok),
+            // Clean-up requests: one across the slow dictation, one before, one after.
+            rec(1, Some(0), vec![ok(115.0, 5.5)], Final::Ok),
+            rec(1, Some(0), vec![ok(105.0, 2.0)], Final::Ok),
+            rec(1, Some(0), vec![ok(121.0, 3.0)], Final::Ok),
+        ];
+        let lanes = lanes(&n, &[], &records);
+        let fault = |kind: &'static str, at_s: f64| FaultRecord {
+            kind,
+            at_s,
+            end_s: at_s + 1.0,
+            target: "pool".into(),
+            outcome: String::new(),
+            answers: Vec::new(),
+        };
+        let exit = |at_s: f64| ExitReport {
+            backend: "whisper".into(),
+            at_s,
+            how: "signal 9".into(),
+        };
+        let s = slowest(
+            &n,
+            &records,
+            &lanes,
+            &[fault("co_tenant", 112.0), fault("kill9", 105.0)],
+            &[exit(95.0), exit(80.0)],
+            100.0,
+        );
+        // Only audio lanes; the served attempt's time, not the refusal's.
+        assert_eq!(s.len(), 1);
+        let d = &s[0];
+        assert_eq!((d.lane.as_str(), d.at_s, d.secs), ("dictation", 20.0, 0.9));
+        assert!((d.ratio_to_idle.unwrap() - 2.25).abs() < 1e-9);
+        assert_eq!(d.beside, BTreeMap::from([("cleanup".to_string(), 1)]));
+        assert_eq!(d.faults, ["co_tenant on pool at 12.0 s"]);
+        assert_eq!(d.exits, ["whisper at -5.0 s"]);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
