@@ -224,8 +224,8 @@ pub fn ticks_per_second() -> f64 {
 }
 
 /// Sums the readings into one window per `[bounds[i], bounds[i + 1])`. A pair of consecutive
-/// readings belongs to the window its midpoint falls in; a name counts over a pair only when both
-/// readings saw the same root (a restarted backend's interval is left out).
+/// readings belongs to the window its midpoint falls in; a name whose root differs from the one last
+/// read (a restarted backend) counts the new root's whole life in the pair that first reads it.
 pub fn windows(samples: &[CpuSample], bounds: &[f64], ticks_per_s: f64) -> Vec<CpuWindow> {
     bounds
         .windows(2)
@@ -234,15 +234,25 @@ pub fn windows(samples: &[CpuSample], bounds: &[f64], ticks_per_s: f64) -> Vec<C
 }
 
 fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWindow {
-    let pairs: Vec<(&CpuSample, &CpuSample)> = samples
-        .windows(2)
-        .map(|p| (&p[0], &p[1]))
-        .filter(|(a, b)| {
+    // Each pair of readings with, per name, the root last read before its second reading.
+    let mut last_root: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut all = Vec::new();
+    for p in samples.windows(2) {
+        for (name, t) in &p[0].trees {
+            if let Some(t) = t {
+                last_root.insert(name, t.root);
+            }
+        }
+        all.push((&p[0], &p[1], last_root.clone()));
+    }
+    let pairs: Vec<(&CpuSample, &CpuSample, BTreeMap<&str, u32>)> = all
+        .into_iter()
+        .filter(|(a, b, _)| {
             let mid = (a.t_s + b.t_s) / 2.0;
             b.t_s > a.t_s && mid >= from && mid < to
         })
         .collect();
-    let covered: f64 = pairs.iter().map(|(a, b)| b.t_s - a.t_s).sum();
+    let covered: f64 = pairs.iter().map(|(a, b, _)| b.t_s - a.t_s).sum();
     let pct = |ticks: u64| {
         if covered > 0.0 {
             ticks as f64 / ticks_per_s / covered * 100.0
@@ -253,14 +263,21 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
     let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut minor: BTreeMap<String, u64> = BTreeMap::new();
-    for (a, b) in &pairs {
+    for (a, b, seen) in &pairs {
         for (name, now) in &b.trees {
-            let (Some(now), Some(Some(before))) = (now, a.trees.get(name)) else {
-                continue;
+            let Some(now) = now else { continue };
+            let before = match a.trees.get(name) {
+                Some(Some(before)) if before.root == now.root => *before,
+                // Started again since the root last read (a restarted engine): the whole of its
+                // new life falls after that reading — its start-up, left to `other` before.
+                _ if seen.get(name.as_str()).is_some_and(|&r| r != now.root) => TreeCpu {
+                    root: now.root,
+                    ticks: 0,
+                    major_faults: 0,
+                    minor_faults: 0,
+                },
+                _ => continue,
             };
-            if now.root != before.root {
-                continue;
-            }
             *ticks.entry(name.clone()).or_default() += now.ticks.saturating_sub(before.ticks);
             *faults.entry(name.clone()).or_default() +=
                 now.major_faults.saturating_sub(before.major_faults);
@@ -269,19 +286,21 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
         }
     }
     let machine: Option<MachineCpu> =
-        pairs.iter().try_fold(MachineCpu::default(), |acc, (a, b)| {
-            let (a, b) = (a.machine?, b.machine?);
-            Some(MachineCpu {
-                busy: acc.busy + b.busy.saturating_sub(a.busy),
-                idle: acc.idle + b.idle.saturating_sub(a.idle),
-                iowait: acc.iowait + b.iowait.saturating_sub(a.iowait),
-                steal: acc.steal + b.steal.saturating_sub(a.steal),
-            })
-        });
+        pairs
+            .iter()
+            .try_fold(MachineCpu::default(), |acc, (a, b, _)| {
+                let (a, b) = (a.machine?, b.machine?);
+                Some(MachineCpu {
+                    busy: acc.busy + b.busy.saturating_sub(a.busy),
+                    idle: acc.idle + b.idle.saturating_sub(a.idle),
+                    iowait: acc.iowait + b.iowait.saturating_sub(a.iowait),
+                    steal: acc.steal + b.steal.saturating_sub(a.steal),
+                })
+            });
     let machine = machine.filter(|_| !pairs.is_empty());
     let named: u64 = ticks.values().sum();
     let page = rustix::param::page_size() as u64;
-    let refaults: Option<u64> = pairs.iter().try_fold(0u64, |acc, (a, b)| {
+    let refaults: Option<u64> = pairs.iter().try_fold(0u64, |acc, (a, b, _)| {
         Some(acc + b.cgroup?.refaults.saturating_sub(a.cgroup?.refaults))
     });
     let mut inside = samples
@@ -410,13 +429,13 @@ mod tests {
     }
 
     #[test]
-    fn windows_sum_pairs_by_midpoint_and_skip_a_restart() {
+    fn windows_sum_pairs_by_midpoint_and_count_a_restarted_root_from_its_start() {
         // 100 ticks a second; readings every 10 s.
         let samples = vec![
             sample(0.0, Some((7, 0)), (0, 0, 0, 0)),
             sample(10.0, Some((7, 500)), (1_000, 900, 50, 50)),
             sample(20.0, Some((7, 1_000)), (2_000, 1_800, 100, 100)),
-            // Restarted: a new root with its own count; this pair is left out for `a`.
+            // Restarted: a new root, 40 ticks into its life; that pair counts the 40 for `a`.
             sample(30.0, Some((8, 40)), (3_500, 2_300, 150, 250)),
             sample(40.0, Some((8, 1_040)), (5_000, 2_800, 200, 400)),
         ];
@@ -438,11 +457,29 @@ mod tests {
         assert_eq!(w[0].cgroup_file_bytes, Some(10));
         let page = rustix::param::page_size() as u64;
         assert_eq!(w[0].cgroup_refault_bytes, Some(60 * page));
-        // Second window: (20,30) is a restart, only (30,40) counts for `a`: 1000 ticks over the
-        // window's 20 s of readings = 50 %; the machine's 3000 busy ticks = 150 %.
-        assert_eq!(w[1].percent_of_core["a"], 50.0);
-        assert_eq!(w[1].other_percent, Some(100.0));
+        // Second window: (20,30) is a restart, where the new root's 40 ticks count, then
+        // (30,40)'s 1000: 1040 ticks over the window's 20 s of readings = 52 %; the machine's
+        // 3000 busy ticks = 150 %, of which 98 % is someone else's.
+        assert_eq!(w[1].percent_of_core["a"], 52.0);
+        assert!((w[1].other_percent.unwrap() - 98.0).abs() < 1e-9);
         assert_eq!(w[1].steal_percent, Some(15.0));
+    }
+
+    #[test]
+    fn a_backend_down_for_a_reading_then_started_again_counts_its_start_up() {
+        let samples = vec![
+            sample(0.0, Some((7, 0)), (0, 0, 0, 0)),
+            sample(10.0, Some((7, 200)), (1_000, 900, 0, 0)),
+            // Killed: nothing to read.
+            sample(20.0, None, (2_000, 1_800, 0, 0)),
+            // Started again, 300 ticks of start-up by its first reading, then 100 more.
+            sample(30.0, Some((9, 300)), (3_000, 2_700, 0, 0)),
+            sample(40.0, Some((9, 400)), (4_000, 3_600, 0, 0)),
+        ];
+        let w = windows(&samples, &[0.0, 40.0], 100.0);
+        // 200 + 300 + 100 ticks over 40 s = 15 % of a core; before, the 300 went to `other`.
+        assert_eq!(w[0].percent_of_core["a"], 15.0);
+        assert_eq!(w[0].other_percent, Some(85.0));
     }
 
     /// A real tree: a shell that only waits, and its child that spins. The tree's figure has the
