@@ -227,32 +227,75 @@ pub fn ticks_per_second() -> f64 {
 /// readings belongs to the window its midpoint falls in; a name whose root differs from the one last
 /// read (a restarted backend) counts the new root's whole life in the pair that first reads it.
 pub fn windows(samples: &[CpuSample], bounds: &[f64], ticks_per_s: f64) -> Vec<CpuWindow> {
+    let pairs = pairs(samples);
     bounds
         .windows(2)
-        .map(|w| window(samples, w[0], w[1], ticks_per_s))
+        .map(|w| window(samples, &pairs, w[0], w[1], ticks_per_s))
         .collect()
 }
 
-fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWindow {
-    // Each pair of readings with, per name, the root last read before its second reading.
+/// Two consecutive readings and what each name used between them.
+struct Pair<'a> {
+    a: &'a CpuSample,
+    b: &'a CpuSample,
+    used: BTreeMap<&'a str, TreeCpu>,
+}
+
+/// Every pair of consecutive readings (the second later than the first), each name's use over it
+/// counted once for all windows.
+fn pairs(samples: &[CpuSample]) -> Vec<Pair<'_>> {
+    // Per name, the root last read before the pair's second reading.
     let mut last_root: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut all = Vec::new();
+    let mut out = Vec::new();
     for p in samples.windows(2) {
-        for (name, t) in &p[0].trees {
+        let (a, b) = (&p[0], &p[1]);
+        for (name, t) in &a.trees {
             if let Some(t) = t {
                 last_root.insert(name, t.root);
             }
         }
-        all.push((&p[0], &p[1], last_root.clone()));
+        if b.t_s <= a.t_s {
+            continue;
+        }
+        let mut used = BTreeMap::new();
+        for (name, now) in &b.trees {
+            let Some(now) = now else { continue };
+            let before = match a.trees.get(name) {
+                Some(Some(before)) if before.root == now.root => *before,
+                // Started again since the root last read (a restarted engine): the whole of its
+                // new life falls after that reading — its start-up, left to `other` before.
+                _ if last_root.get(name.as_str()).is_some_and(|&r| r != now.root) => TreeCpu {
+                    root: now.root,
+                    ticks: 0,
+                    major_faults: 0,
+                    minor_faults: 0,
+                },
+                _ => continue,
+            };
+            used.insert(
+                name.as_str(),
+                TreeCpu {
+                    root: now.root,
+                    ticks: now.ticks.saturating_sub(before.ticks),
+                    major_faults: now.major_faults.saturating_sub(before.major_faults),
+                    minor_faults: now.minor_faults.saturating_sub(before.minor_faults),
+                },
+            );
+        }
+        out.push(Pair { a, b, used });
     }
-    let pairs: Vec<(&CpuSample, &CpuSample, BTreeMap<&str, u32>)> = all
-        .into_iter()
-        .filter(|(a, b, _)| {
-            let mid = (a.t_s + b.t_s) / 2.0;
-            b.t_s > a.t_s && mid >= from && mid < to
+    out
+}
+
+fn window(samples: &[CpuSample], all: &[Pair], from: f64, to: f64, ticks_per_s: f64) -> CpuWindow {
+    let pairs: Vec<&Pair> = all
+        .iter()
+        .filter(|p| {
+            let mid = (p.a.t_s + p.b.t_s) / 2.0;
+            mid >= from && mid < to
         })
         .collect();
-    let covered: f64 = pairs.iter().map(|(a, b, _)| b.t_s - a.t_s).sum();
+    let covered: f64 = pairs.iter().map(|p| p.b.t_s - p.a.t_s).sum();
     let pct = |ticks: u64| {
         if covered > 0.0 {
             ticks as f64 / ticks_per_s / covered * 100.0
@@ -263,45 +306,27 @@ fn window(samples: &[CpuSample], from: f64, to: f64, ticks_per_s: f64) -> CpuWin
     let mut ticks: BTreeMap<String, u64> = BTreeMap::new();
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut minor: BTreeMap<String, u64> = BTreeMap::new();
-    for (a, b, seen) in &pairs {
-        for (name, now) in &b.trees {
-            let Some(now) = now else { continue };
-            let before = match a.trees.get(name) {
-                Some(Some(before)) if before.root == now.root => *before,
-                // Started again since the root last read (a restarted engine): the whole of its
-                // new life falls after that reading — its start-up, left to `other` before.
-                _ if seen.get(name.as_str()).is_some_and(|&r| r != now.root) => TreeCpu {
-                    root: now.root,
-                    ticks: 0,
-                    major_faults: 0,
-                    minor_faults: 0,
-                },
-                _ => continue,
-            };
-            *ticks.entry(name.clone()).or_default() += now.ticks.saturating_sub(before.ticks);
-            *faults.entry(name.clone()).or_default() +=
-                now.major_faults.saturating_sub(before.major_faults);
-            *minor.entry(name.clone()).or_default() +=
-                now.minor_faults.saturating_sub(before.minor_faults);
+    for p in &pairs {
+        for (name, used) in &p.used {
+            *ticks.entry(name.to_string()).or_default() += used.ticks;
+            *faults.entry(name.to_string()).or_default() += used.major_faults;
+            *minor.entry(name.to_string()).or_default() += used.minor_faults;
         }
     }
-    let machine: Option<MachineCpu> =
-        pairs
-            .iter()
-            .try_fold(MachineCpu::default(), |acc, (a, b, _)| {
-                let (a, b) = (a.machine?, b.machine?);
-                Some(MachineCpu {
-                    busy: acc.busy + b.busy.saturating_sub(a.busy),
-                    idle: acc.idle + b.idle.saturating_sub(a.idle),
-                    iowait: acc.iowait + b.iowait.saturating_sub(a.iowait),
-                    steal: acc.steal + b.steal.saturating_sub(a.steal),
-                })
-            });
+    let machine: Option<MachineCpu> = pairs.iter().try_fold(MachineCpu::default(), |acc, p| {
+        let (a, b) = (p.a.machine?, p.b.machine?);
+        Some(MachineCpu {
+            busy: acc.busy + b.busy.saturating_sub(a.busy),
+            idle: acc.idle + b.idle.saturating_sub(a.idle),
+            iowait: acc.iowait + b.iowait.saturating_sub(a.iowait),
+            steal: acc.steal + b.steal.saturating_sub(a.steal),
+        })
+    });
     let machine = machine.filter(|_| !pairs.is_empty());
     let named: u64 = ticks.values().sum();
     let page = rustix::param::page_size() as u64;
-    let refaults: Option<u64> = pairs.iter().try_fold(0u64, |acc, (a, b, _)| {
-        Some(acc + b.cgroup?.refaults.saturating_sub(a.cgroup?.refaults))
+    let refaults: Option<u64> = pairs.iter().try_fold(0u64, |acc, p| {
+        Some(acc + p.b.cgroup?.refaults.saturating_sub(p.a.cgroup?.refaults))
     });
     let mut inside = samples
         .iter()
