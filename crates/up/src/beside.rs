@@ -7,18 +7,18 @@ use std::time::Duration;
 use headroom_gpu::calibration::{Calibration, ContentionFigures};
 
 use crate::boxfile::{BackendConfig, Engine, Warmup};
-use crate::contention::{self, Contention, TextSide};
+use crate::contention::{self, Contention, TextLoad, TextSide};
 use crate::ctx::Ctx;
 use crate::flags::TextFlags;
 use crate::report::shown_flags;
-use crate::warmup;
+use crate::warmup::{self, Job};
 
-/// Measures whether the text lane's generations (as many as it runs at once) slow each audio
-/// backend's job
-/// ([`contention`]); returns the audio lanes text gives way to with the settle for their jobs,
-/// and the audio backends that ran a job here (they may still hold it: see
-/// [`crate::bringup`]'s wait for them). A measurement that fails is said and derives nothing
-/// (the box file's settings stand).
+/// Measures whether the text lane's load (as many streams of requests as it runs at once)
+/// slows each audio backend's job ([`contention`]): every job is timed alone first, then the
+/// text load is started once and each job timed beside it; returns the audio lanes text gives
+/// way to with the settle for their jobs, and the audio backends that ran a job here (they may
+/// still hold it: see [`crate::bringup`]'s wait for them). A measurement that fails is said and
+/// derives nothing (the box file's settings stand).
 pub(crate) async fn text_beside_audio(
     ctx: &Ctx,
     t: &BackendConfig,
@@ -29,9 +29,8 @@ pub(crate) async fn text_beside_audio(
 ) -> (GivesWay, Vec<String>) {
     let mut gives_way = GivesWay::default();
     let mut ran = Vec::new();
-    let (prompt_tokens, max_tokens) = text_load(f.context_per_sequence);
-    let text = t.upstream();
     let flags = shown_flags(f);
+    let mut lanes = Vec::new();
     for b in ctx.config.audio() {
         let Some(w) = &b.warmup else { continue };
         // Kept with the audio figures and measured beside the same text engine flags and as many
@@ -47,28 +46,59 @@ pub(crate) async fn text_beside_audio(
             calibration.contention.insert(b.name.clone(), k.clone());
             continue;
         }
-        let known = alone.get(&b.name).copied();
-        let side = TextSide {
-            base: &text,
-            generations: f.sequences,
-            prompt_tokens,
-            max_tokens,
-        };
-        let measured = lane_contention(ctx, t, b, w, known, side).await;
         ran.push(b.name.clone());
-        match measured {
-            Ok(c) => {
-                say_contention(ctx, t, &c);
-                gives_way.count(&b.name, &c);
-                calibration.contention.insert(b.name.clone(), c.kept(&flags));
-            }
-            Err(e) => ctx.say(&format!(
-                "up: [{}] warning: could not measure whether text slows [{}]'s jobs ({e}); the box file's lane settings stand",
-                t.name, b.name
-            )),
+        match LaneJobs::alone(ctx, b, w, alone.get(&b.name).copied()).await {
+            Ok(jobs) => lanes.push(jobs),
+            Err(e) => cannot_measure(ctx, t, &b.name, &e),
         }
     }
+    if lanes.is_empty() {
+        return (gives_way, ran);
+    }
+    let (prompt_tokens, max_tokens) = text_load(f.context_per_sequence);
+    let text = t.upstream();
+    let side = TextSide {
+        base: &text,
+        generations: f.sequences,
+        prompt_tokens,
+        max_tokens,
+    };
+    ctx.say(&format!(
+        "up: [{}] timing the audio jobs beside {} stream(s) of text requests ({prompt_tokens}-token prompts, {max_tokens}-token answers)",
+        t.name,
+        f.sequences.max(1)
+    ));
+    let load = match TextLoad::start(&ctx.client, side).await {
+        Ok(load) => load,
+        Err(e) => {
+            for jobs in &lanes {
+                cannot_measure(ctx, t, &jobs.backend, &e);
+            }
+            return (gives_way, ran);
+        }
+    };
+    for jobs in &lanes {
+        match lane_contention(ctx, t, jobs, &load).await {
+            Ok(c) => {
+                say_contention(ctx, t, &c);
+                gives_way.count(&jobs.backend, &c);
+                calibration
+                    .contention
+                    .insert(jobs.backend.clone(), c.kept(&flags));
+            }
+            Err(e) => cannot_measure(ctx, t, &jobs.backend, &e),
+        }
+    }
+    load.stop();
     (gives_way, ran)
+}
+
+/// Says that whether text slows `backend`'s jobs could not be measured, and what stands instead.
+fn cannot_measure(ctx: &Ctx, t: &BackendConfig, backend: &str, e: &str) {
+    ctx.say(&format!(
+        "up: [{}] warning: could not measure whether text slows [{backend}]'s jobs ({e}); the box file's lane settings stand",
+        t.name
+    ));
 }
 
 /// Whether a kept contention figure stands for the text engine started now: measured beside the
@@ -97,45 +127,96 @@ impl GivesWay {
     }
 }
 
-/// Each request run beside an audio job, in tokens: a prompt of half of one sequence's context,
-/// at most 512 (a page of transcript), and an answer of a quarter of it, at most 64 (a
-/// paragraph), so the engine reads prompts as well as writes ([`contention::prompt`]) and a
-/// request fits its sequence.
+/// The longest prompt timed beside the audio jobs, in tokens: on the CPU box (SmolLM2 on two
+/// threads) it takes 8.8 s to read; 8,000 take 55 s, minutes of bring-up for every lane.
+const LONGEST_PROMPT: u64 = 2048;
+
+/// Each request run beside an audio job, in tokens: an answer of a quarter of one sequence's
+/// context, at most 64 (a paragraph), and a prompt as long as the sequence leaves beside it, at
+/// most [`LONGEST_PROMPT`], so the engine spends most of its time reading prompts, its heaviest
+/// work, and a request fits its sequence. Long prompts slow an audio job more than short ones:
+/// on the CPU box, the night's 2.5-minute recording on the one-core Whisper ran 4.6-4.8 s alone,
+/// 4.8-5.1 s beside two streams of 512-token prompts (what `up` timed until 2026-12-08: x1.09,
+/// so text ran on beside recordings) and 5.9-6.1 s beside two of 1,800-token prompts (x1.25-1.3);
+/// on an hour's night the recordings' p99 was 1.53 x their idle figure.
 pub(crate) fn text_load(context_per_sequence: u64) -> (u64, u64) {
-    (
-        (context_per_sequence / 2).clamp(8, 512),
-        (context_per_sequence / 4).clamp(8, 64),
-    )
+    let answer = (context_per_sequence / 4).clamp(8, 64);
+    let prompt = context_per_sequence
+        .saturating_sub(answer)
+        .clamp(8, LONGEST_PROMPT);
+    (prompt, answer)
 }
 
-/// Times `b`'s shortest job beside the text engine ([`warmup::prepare_shortest`]) and, when
-/// that does not already make text give way, its warm-up job too; the lane's figure is the one
-/// text slows most ([`contention::worse`]). The short job first: it takes a second where the
-/// warm-up may take a minute.
-pub(crate) async fn lane_contention(
+/// An audio lane's jobs, each with its time alone: its warm-up and, where the warm-up is longer
+/// than one job, its shortest ([`warmup::prepare_shortest`]).
+pub(crate) struct LaneJobs {
+    backend: String,
+    job: Job,
+    job_alone: Duration,
+    shortest: Option<(Job, Duration)>,
+}
+
+impl LaneJobs {
+    /// Prepares `b`'s jobs and times each alone (`known`: the warm-up's fastest run, when
+    /// measured already), before any text runs.
+    async fn alone(
+        ctx: &Ctx,
+        b: &BackendConfig,
+        w: &Warmup,
+        known: Option<Duration>,
+    ) -> Result<LaneJobs, String> {
+        let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
+        let job_alone = match known {
+            Some(d) => d,
+            None => contention::alone(&ctx.client, &job).await?,
+        };
+        let shortest = match warmup::prepare_shortest(b, w).map_err(|e| e.to_string())? {
+            Some(short) => {
+                let took = contention::alone(&ctx.client, &short).await?;
+                Some((short, took))
+            }
+            None => None,
+        };
+        Ok(LaneJobs {
+            backend: b.name.clone(),
+            job,
+            job_alone,
+            shortest,
+        })
+    }
+}
+
+/// Times the lane's shortest job beside the text load and, when that does not already make
+/// text give way, its warm-up job too; the lane's figure is the one text slows most
+/// ([`contention::worse`]). The short job first: it takes a second where the warm-up may take a
+/// minute.
+async fn lane_contention(
     ctx: &Ctx,
     t: &BackendConfig,
-    b: &BackendConfig,
-    w: &Warmup,
-    known: Option<Duration>,
-    text: TextSide<'_>,
+    jobs: &LaneJobs,
+    load: &TextLoad,
 ) -> Result<Contention, String> {
-    let job = warmup::prepare(b, w).map_err(|e| e.to_string())?;
-    let shortest = warmup::prepare_shortest(b, w).map_err(|e| e.to_string())?;
-    let Some(short) = shortest else {
-        return contention::measure(&ctx.client, &b.name, &job, known, text).await;
+    let client = &ctx.client;
+    let Some((short, short_alone)) = &jobs.shortest else {
+        return load
+            .measure(client, &jobs.backend, &jobs.job, jobs.job_alone)
+            .await;
     };
-    let short = contention::measure(&ctx.client, &b.name, &short, None, text).await?;
+    let short = load
+        .measure(client, &jobs.backend, short, *short_alone)
+        .await?;
     if short.text_gives_way() {
         return Ok(short);
     }
     ctx.say(&format!(
         "up: [{}] beside [{}], its shortest job: {}; and its warm-up job:",
         t.name,
-        b.name,
+        jobs.backend,
         short.describe()
     ));
-    let whole = contention::measure(&ctx.client, &b.name, &job, known, text).await?;
+    let whole = load
+        .measure(client, &jobs.backend, &jobs.job, jobs.job_alone)
+        .await?;
     Ok(contention::worse(whole, short))
 }
 
@@ -241,8 +322,15 @@ mod tests {
             ..old.clone()
         };
         assert!(!kept_applies(&decode_only, &shown, &flags(1)));
-        let old = ContentionFigures {
+        // The slowest of three beside prompts of at most 512 tokens, streams started afresh for
+        // each round (the recording came out at x1.09 that way): measured again.
+        let short_prompts = ContentionFigures {
             with_text_of_rounds: "slowest of three beside prompts read".into(),
+            ..old.clone()
+        };
+        assert!(!kept_applies(&short_prompts, &shown, &flags(1)));
+        let old = ContentionFigures {
+            with_text_of_rounds: "slowest of three beside running streams of long prompts".into(),
             ..old
         };
         assert!(kept_applies(&old, &shown, &flags(1)));
@@ -257,10 +345,13 @@ mod tests {
     }
 
     #[test]
-    fn each_request_beside_a_job_reads_a_page_and_fits_one_sequence() {
-        assert_eq!(text_load(8192), (512, 64));
-        assert_eq!(text_load(512), (256, 64));
-        assert_eq!(text_load(200), (100, 50));
+    fn each_request_beside_a_job_reads_a_long_prompt_and_fits_one_sequence() {
+        // The night box's text lane: sequences of 8,192 tokens. Its recordings were timed beside
+        // 512-token prompts (x1.09) and slowed 1.25-1.3 x beside 1,800-token ones.
+        assert_eq!(text_load(8192), (2048, 64));
+        assert_eq!(text_load(2048), (1984, 64));
+        assert_eq!(text_load(512), (448, 64));
+        assert_eq!(text_load(200), (150, 50));
         assert_eq!(text_load(16), (8, 8));
     }
 

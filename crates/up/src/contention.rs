@@ -1,8 +1,8 @@
 //! Whether text slows the audio down on this box, measured: an audio backend's warm-up job timed
 //! alone, then beside as many streams of text requests as the text lane runs at once (its
-//! sequences: what the job meets on a busy night), each a prompt read and a short answer written,
-//! again and again ([`prompt`]), whose tokens before the job began give the text engine's decode
-//! step on its own. Where they slow the job by more than [`SLOWDOWN_LIMIT`]
+//! sequences: what the job meets on a busy night), each a long prompt read and a short answer
+//! written, again and again ([`prompt`], [`TextLoad`]), whose tokens before any job began give
+//! the text engine's decode step on its own. Where they slow the job by more than [`SLOWDOWN_LIMIT`]
 //! (engines on the same cores, or on the same GPU without room for both), the text lane yields to
 //! that audio lane and stops every running request when one of its jobs is admitted (`preempt`,
 //! `preempt_per_job = "all"`); `preempt_settle` lets a decode step in
@@ -42,11 +42,17 @@ const ROUNDS: usize = 2;
 const ROUNDS_BESIDE: usize = 3;
 /// How the figure beside text is taken, as kept: a kept figure taken another way is measured
 /// again. (Figures kept as "median" were the middle round beside decode-only generations, which
-/// understate the text engine's load: see [`prompt`].)
-pub const WITH_TEXT_OF_ROUNDS: &str = "slowest of three beside prompts read";
+/// understate the text engine's load: see [`prompt`]; "slowest of three beside prompts read"
+/// were taken beside prompts of at most 512 tokens, streams started afresh for each round: the
+/// night box's recording came out at 1.09 x that way and ran at 1.53 x its idle figure on an
+/// hour's night, see `beside::text_load`.)
+pub const WITH_TEXT_OF_ROUNDS: &str = "slowest of three beside running streams of long prompts";
 /// Tokens (or time) of the generation on its own before the audio job begins.
 const STEPS_ALONE: usize = 6;
 const STEPS_ALONE_WAIT: Duration = Duration::from_secs(3);
+/// How long a stream waits for its first token: a prompt of 2,048 tokens takes about 9 s to
+/// read on the CPU box (SmolLM2 on two threads), two of them about twice that.
+const FIRST_TOKEN_WAIT: Duration = Duration::from_secs(120);
 
 /// What one audio backend's job costs alone and beside text.
 #[derive(Debug, Clone, PartialEq)]
@@ -163,65 +169,93 @@ pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Dur
         .max()
 }
 
-/// Measures `job` (an audio backend's warm-up) alone (unless `alone` is known: the fastest of
-/// its warm-up runs) and beside `text`'s streams of requests, which run until the job ends.
-pub async fn measure(
-    client: &reqwest::Client,
-    backend: &str,
-    job: &Job,
-    alone: Option<Duration>,
-    text: TextSide<'_>,
-) -> Result<Contention, String> {
-    let alone = match alone {
-        Some(a) => a,
-        None => {
-            let mut fastest = Duration::MAX;
-            for _ in 0..ROUNDS {
-                fastest = fastest.min(warmup::run(client, job).await?.took);
-            }
-            fastest
-        }
-    };
-    let model = served_model(client, text.base).await;
-    let generations = text.generations.max(1);
-    let mut beside = Vec::with_capacity(ROUNDS_BESIDE);
-    let mut text_step: Option<Duration> = None;
-    for _ in 0..ROUNDS_BESIDE {
+/// `job` (an audio backend's warm-up, or its shortest job) alone: the fastest of [`ROUNDS`]
+/// runs, with no text running.
+pub async fn alone(client: &reqwest::Client, job: &Job) -> Result<Duration, String> {
+    let mut fastest = Duration::MAX;
+    for _ in 0..ROUNDS {
+        fastest = fastest.min(warmup::run(client, job).await?.took);
+    }
+    Ok(fastest)
+}
+
+/// The text lane's load an audio job is timed beside: as many streams of requests as the lane
+/// runs at once, started once and running until [`TextLoad::stop`], so each job lands wherever
+/// the engine's work has reached (a prompt being read, decode steps), as on a busy night. (Until
+/// 2026-12-08 each round started its streams afresh and the job began once both had their
+/// first token: it met the engine decoding, and long prompts only if it outlasted the answers.)
+pub struct TextLoad {
+    streams: Vec<TextStream>,
+    generations: u64,
+    /// The text engine's longest decode step on its own, seen before any job ran.
+    text_step: Option<Duration>,
+}
+
+impl TextLoad {
+    /// Starts `text`'s streams (each waits for its first token) and watches the first one's
+    /// decode steps before any job runs.
+    pub async fn start(client: &reqwest::Client, text: TextSide<'_>) -> Result<TextLoad, String> {
+        let model = served_model(client, text.base).await;
+        let generations = text.generations.max(1);
         let mut streams = Vec::new();
         for _ in 0..generations {
             streams.push(TextStream::start(client, text, &model).await?);
         }
         let begun = Instant::now();
         streams[0].steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
-        let from = Instant::now();
-        let took = warmup::run(client, job).await;
-        let seen: Vec<Seen> = streams.into_iter().map(TextStream::stop).collect();
-        let took = took?.took;
-        if let Some((stamps, _)) = seen.iter().find(|(_, finished)| *finished) {
-            return Err(format!(
-                "the text engine stopped answering before the audio job ended ({} chunks)",
-                stamps.len()
-            ));
-        }
-        beside.push(took);
+        let until = Instant::now();
         // Decode steps on their own: the gaps between chunks after the first (which may come
-        // before the prompt is evaluated) and before the job began.
-        let alone: Vec<Instant> = seen[0]
-            .0
-            .iter()
-            .copied()
-            .filter(|t| *t >= begun && *t <= from)
+        // before the prompt is evaluated).
+        let stamps: Vec<Instant> = streams[0]
+            .stamps()
+            .into_iter()
+            .filter(|t| *t >= begun && *t <= until)
             .collect();
-        text_step = text_step.max(longest_gap(&alone, begun, from));
+        Ok(TextLoad {
+            streams,
+            generations,
+            text_step: longest_gap(&stamps, begun, until),
+        })
     }
-    Ok(Contention {
-        backend: backend.to_string(),
-        alone,
-        with_text: slowest(&beside),
-        rounds: beside,
-        generations,
-        text_step,
-    })
+
+    /// Times `job` [`ROUNDS_BESIDE`] times, one after the other, beside the running streams; the
+    /// figure is the slowest round. `alone` is the job's own time ([`alone`]).
+    pub async fn measure(
+        &self,
+        client: &reqwest::Client,
+        backend: &str,
+        job: &Job,
+        alone: Duration,
+    ) -> Result<Contention, String> {
+        let mut beside = Vec::with_capacity(ROUNDS_BESIDE);
+        for _ in 0..ROUNDS_BESIDE {
+            let took = warmup::run(client, job).await?.took;
+            if let Some(chunks) = self.ended() {
+                return Err(format!(
+                    "the text engine stopped answering before the audio job ended ({chunks} chunks)"
+                ));
+            }
+            beside.push(took);
+        }
+        Ok(Contention {
+            backend: backend.to_string(),
+            alone,
+            with_text: slowest(&beside),
+            rounds: beside,
+            generations: self.generations,
+            text_step: self.text_step,
+        })
+    }
+
+    /// The chunks a stream that ended had seen (the engine stopped answering it), if one did.
+    fn ended(&self) -> Option<usize> {
+        self.streams.iter().find_map(TextStream::ended)
+    }
+
+    /// Stops every stream (their connections close, which the engine reads as cancels).
+    pub fn stop(self) {
+        drop(self.streams);
+    }
 }
 
 /// The text engine a job is measured beside: where it listens, how many streams of requests run
@@ -320,7 +354,7 @@ async fn post(
 }
 
 impl TextStream {
-    /// Starts the stream and waits for its first token (at most 60 s).
+    /// Starts the stream and waits for its first token (at most [`FIRST_TOKEN_WAIT`]).
     async fn start(
         client: &reqwest::Client,
         text: TextSide<'_>,
@@ -358,11 +392,14 @@ impl TextStream {
             }
             seen.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
         });
-        match tokio::time::timeout(Duration::from_secs(60), first_rx).await {
+        match tokio::time::timeout(FIRST_TOKEN_WAIT, first_rx).await {
             Ok(Ok(())) => Ok(TextStream { stamps, reader }),
             _ => {
                 reader.abort();
-                Err("the text engine streamed no token within 60 s".into())
+                Err(format!(
+                    "the text engine streamed no token within {} s",
+                    FIRST_TOKEN_WAIT.as_secs()
+                ))
             }
         }
     }
@@ -382,10 +419,26 @@ impl TextStream {
         }
     }
 
-    /// Stops reading (the connection closes); the arrival times, and whether it had ended.
-    fn stop(self) -> Seen {
+    /// The chunk arrival times so far.
+    fn stamps(&self) -> Vec<Instant> {
+        self.stamps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .clone()
+    }
+
+    /// The chunks seen, if the stream has ended (the engine stopped answering it).
+    fn ended(&self) -> Option<usize> {
+        let seen = self.stamps.lock().unwrap_or_else(|p| p.into_inner());
+        seen.1.then_some(seen.0.len())
+    }
+}
+
+impl Drop for TextStream {
+    /// Stops reading: the connection closes (a stream dropped on an error path, too).
+    fn drop(&mut self) {
         self.reader.abort();
-        std::mem::take(&mut *self.stamps.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
