@@ -130,20 +130,24 @@ impl GivesWay {
 /// The longest prompt timed beside the audio jobs, in tokens: on the CPU box (SmolLM2 on two
 /// threads) it takes 8.8 s to read; 8,000 take 55 s, minutes of bring-up for every lane.
 const LONGEST_PROMPT: u64 = 2048;
+/// The longest answer written beside the audio jobs, in tokens.
+const SHORT_ANSWER: u64 = 8;
 
-/// Each request run beside an audio job, in tokens: an answer of a quarter of one sequence's
-/// context, at most 64 (a paragraph), and a prompt as long as the sequence leaves beside it, at
-/// most [`LONGEST_PROMPT`], so the engine spends most of its time reading prompts, its heaviest
-/// work, and a request fits its sequence. Long prompts slow an audio job more than short ones:
-/// on the CPU box, the night's 2.5-minute recording on the one-core Whisper ran 4.6-4.8 s alone,
-/// 4.8-5.1 s beside two streams of 512-token prompts (what `up` timed until 2026-12-08: x1.09,
-/// so text ran on beside recordings) and 5.9-6.1 s beside two of 1,800-token prompts (x1.25-1.3);
-/// on an hour's night the recordings' p99 was 1.53 x their idle figure.
+/// Each request run beside an audio job, in tokens: a prompt as long as one sequence leaves
+/// beside its answer, at most [`LONGEST_PROMPT`], and an answer of at most [`SHORT_ANSWER`]
+/// (a quarter of the sequence where that is less), so the engine spends nearly all its time
+/// reading prompts, its heaviest work (on the CPU box a 2,048-token prompt takes 9 s to read,
+/// eight tokens a third of a second to write), and a request fits its sequence. Long prompts
+/// slow an audio job more than short ones: on the CPU box the night's 2.5-minute recording on
+/// the one-core Whisper ran 4.6-4.8 s alone, 4.8-5.1 s beside two streams of 512-token prompts
+/// answered in 64 tokens (what `up` timed until 2026-12-08: x1.09, so text ran on beside
+/// recordings) and 5.9-6.1 s beside two of 1,800-token prompts (x1.25-1.3); on an hour's night
+/// the recordings' p99 was 1.53 x their idle figure.
 pub(crate) fn text_load(context_per_sequence: u64) -> (u64, u64) {
-    let answer = (context_per_sequence / 4).clamp(8, 64);
+    let answer = (context_per_sequence / 4).clamp(1, SHORT_ANSWER);
     let prompt = context_per_sequence
         .saturating_sub(answer)
-        .clamp(8, LONGEST_PROMPT);
+        .clamp(1, LONGEST_PROMPT);
     (prompt, answer)
 }
 
@@ -330,7 +334,8 @@ mod tests {
         };
         assert!(!kept_applies(&short_prompts, &shown, &flags(1)));
         let old = ContentionFigures {
-            with_text_of_rounds: "slowest of three beside running streams of long prompts".into(),
+            with_text_of_rounds: "slowest of three beside streams of long prompts, short answers"
+                .into(),
             ..old
         };
         assert!(kept_applies(&old, &shown, &flags(1)));
@@ -348,11 +353,13 @@ mod tests {
     fn each_request_beside_a_job_reads_a_long_prompt_and_fits_one_sequence() {
         // The night box's text lane: sequences of 8,192 tokens. Its recordings were timed beside
         // 512-token prompts (x1.09) and slowed 1.25-1.3 x beside 1,800-token ones.
-        assert_eq!(text_load(8192), (2048, 64));
-        assert_eq!(text_load(2048), (1984, 64));
-        assert_eq!(text_load(512), (448, 64));
-        assert_eq!(text_load(200), (150, 50));
-        assert_eq!(text_load(16), (8, 8));
+        // Answers of 64 tokens, streams left running: llama.cpp's decode steps beside the job
+        // took 0.37-0.5 s, an answer half a minute, and the recording met decoding (x1.01).
+        assert_eq!(text_load(8192), (2048, 8));
+        assert_eq!(text_load(2048), (2040, 8));
+        assert_eq!(text_load(512), (504, 8));
+        assert_eq!(text_load(16), (12, 4));
+        assert_eq!(text_load(2), (1, 1));
     }
 
     #[test]

@@ -43,11 +43,15 @@ const ROUNDS_BESIDE: usize = 3;
 /// How the figure beside text is taken, as kept: a kept figure taken another way is measured
 /// again. (Figures kept as "median" were the middle round beside decode-only generations, which
 /// understate the text engine's load: see [`prompt`]; "slowest of three beside prompts read"
-/// were taken beside prompts of at most 512 tokens, streams started afresh for each round: the
-/// night box's recording came out at 1.09 x that way and ran at 1.53 x its idle figure on an
+/// were taken beside prompts of at most 512 tokens and answers of 64, streams started afresh
+/// for each round: the night box's recording came out at 1.09 x that way and ran at 1.53 x its idle figure on an
 /// hour's night, see `beside::text_load`.)
-pub const WITH_TEXT_OF_ROUNDS: &str = "slowest of three beside running streams of long prompts";
-/// Tokens (or time) of the generation on its own before the audio job begins.
+pub const WITH_TEXT_OF_ROUNDS: &str =
+    "slowest of three beside streams of long prompts, short answers";
+/// The requests whose decode steps are watched ([`decode_step`]): prompt and answer, in tokens.
+const STEP_PROMPT: u64 = 16;
+const STEP_ANSWER: u64 = 32;
+/// Tokens (or time) of the generation on its own watched for its decode steps.
 const STEPS_ALONE: usize = 6;
 const STEPS_ALONE_WAIT: Duration = Duration::from_secs(3);
 /// How long a stream waits for its first token: a prompt of 2,048 tokens takes about 9 s to
@@ -172,6 +176,34 @@ pub fn longest_gap(stamps: &[Instant], from: Instant, to: Instant) -> Option<Dur
         .max()
 }
 
+/// The text engine's longest decode step on its own: as many streams as the lane runs of short
+/// prompts answered in [`STEP_ANSWER`] tokens, the gaps between the first one's chunks after
+/// every stream had its first token. (The load's own answers are too short to show steps.)
+async fn decode_step(
+    client: &reqwest::Client,
+    text: TextSide<'_>,
+    model: &str,
+) -> Result<Option<Duration>, String> {
+    let probe = TextSide {
+        prompt_tokens: text.prompt_tokens.min(STEP_PROMPT),
+        max_tokens: STEP_ANSWER,
+        ..text
+    };
+    let mut streams = Vec::new();
+    for _ in 0..text.generations.max(1) {
+        streams.push(TextStream::start(client, probe, model).await?);
+    }
+    let begun = Instant::now();
+    streams[0].steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
+    let until = Instant::now();
+    let stamps: Vec<Instant> = streams[0]
+        .stamps()
+        .into_iter()
+        .filter(|t| *t >= begun && *t <= until)
+        .collect();
+    Ok(longest_gap(&stamps, begun, until))
+}
+
 /// `job` (an audio backend's warm-up, or its shortest job) alone: the fastest of [`ROUNDS`]
 /// runs, with no text running.
 pub async fn alone(client: &reqwest::Client, job: &Job) -> Result<Duration, String> {
@@ -183,10 +215,13 @@ pub async fn alone(client: &reqwest::Client, job: &Job) -> Result<Duration, Stri
 }
 
 /// The text lane's load an audio job is timed beside: as many streams of requests as the lane
-/// runs at once, started once and running until [`TextLoad::stop`], so each job lands wherever
-/// the engine's work has reached (a prompt being read, decode steps), as on a busy night. (Until
-/// 2026-12-08 each round started its streams afresh and the job began once both had their
-/// first token: it met the engine decoding, and long prompts only if it outlasted the answers.)
+/// runs at once, each a long prompt and a short answer ([`crate::beside`]'s `text_load`), started
+/// once and running until [`TextLoad::stop`], so the engine is reading prompts, its heaviest
+/// work, whenever a job lands. (Until 2026-12-08 each round started its streams afresh with
+/// answers of up to 64 tokens and the job began once both had their first token: it met the
+/// engine decoding. Streams of 64-token answers left running did no better: on the CPU box
+/// llama.cpp's decode steps beside the audio job took 0.37-0.5 s each, so an answer lasted
+/// 24-32 s and the recording met slowed decoding, x1.01.)
 pub struct TextLoad {
     streams: Vec<TextStream>,
     generations: u64,
@@ -195,29 +230,20 @@ pub struct TextLoad {
 }
 
 impl TextLoad {
-    /// Starts `text`'s streams (each waits for its first token) and watches the first one's
-    /// decode steps before any job runs.
+    /// Watches the text engine's decode steps on their own ([`decode_step`]), then starts
+    /// `text`'s streams (each waits for its first token).
     pub async fn start(client: &reqwest::Client, text: TextSide<'_>) -> Result<TextLoad, String> {
         let model = served_model(client, text.base).await;
         let generations = text.generations.max(1);
+        let text_step = decode_step(client, text, &model).await?;
         let mut streams = Vec::new();
         for _ in 0..generations {
             streams.push(TextStream::start(client, text, &model).await?);
         }
-        let begun = Instant::now();
-        streams[0].steps_alone(STEPS_ALONE, STEPS_ALONE_WAIT).await;
-        let until = Instant::now();
-        // Decode steps on their own: the gaps between chunks after the first (which may come
-        // before the prompt is evaluated).
-        let stamps: Vec<Instant> = streams[0]
-            .stamps()
-            .into_iter()
-            .filter(|t| *t >= begun && *t <= until)
-            .collect();
         Ok(TextLoad {
             streams,
             generations,
-            text_step: longest_gap(&stamps, begun, until),
+            text_step,
         })
     }
 
