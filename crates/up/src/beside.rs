@@ -52,9 +52,23 @@ pub(crate) async fn text_beside_audio(
             Err(e) => cannot_measure(ctx, t, &b.name, &e),
         }
     }
-    if lanes.is_empty() {
-        return (gives_way, ran);
+    if !lanes.is_empty() {
+        time_beside_text(ctx, t, f, &flags, &lanes, &mut gives_way, calibration).await;
     }
+    (gives_way, ran)
+}
+
+/// Starts the text load once and times each lane's jobs beside it ([`lane_contention`]),
+/// counting the lanes text gives way to and keeping their figures.
+async fn time_beside_text(
+    ctx: &Ctx,
+    t: &BackendConfig,
+    f: &TextFlags,
+    flags: &[String],
+    lanes: &[LaneJobs],
+    gives_way: &mut GivesWay,
+    calibration: &mut Calibration,
+) {
     let (prompt_tokens, max_tokens) = text_load(f.context_per_sequence);
     let text = t.upstream();
     let side = TextSide {
@@ -71,26 +85,25 @@ pub(crate) async fn text_beside_audio(
     let load = match TextLoad::start(&ctx.client, side).await {
         Ok(load) => load,
         Err(e) => {
-            for jobs in &lanes {
+            for jobs in lanes {
                 cannot_measure(ctx, t, &jobs.backend, &e);
             }
-            return (gives_way, ran);
+            return;
         }
     };
-    for jobs in &lanes {
+    for jobs in lanes {
         match lane_contention(ctx, t, jobs, &load).await {
             Ok(c) => {
                 say_contention(ctx, t, &c);
                 gives_way.count(&jobs.backend, &c);
                 calibration
                     .contention
-                    .insert(jobs.backend.clone(), c.kept(&flags));
+                    .insert(jobs.backend.clone(), c.kept(flags));
             }
             Err(e) => cannot_measure(ctx, t, &jobs.backend, &e),
         }
     }
     load.stop();
-    (gives_way, ran)
 }
 
 /// Says that whether text slows `backend`'s jobs could not be measured, and what stands instead.

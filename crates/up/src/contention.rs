@@ -44,8 +44,8 @@ const ROUNDS_BESIDE: usize = 3;
 /// again. (Figures kept as "median" were the middle round beside decode-only generations, which
 /// understate the text engine's load: see [`prompt`]; "slowest of three beside prompts read"
 /// were taken beside prompts of at most 512 tokens and answers of 64, streams started afresh
-/// for each round: the night box's recording came out at 1.09 x that way and ran at 1.53 x its idle figure on an
-/// hour's night, see `beside::text_load`.)
+/// for each round: the night box's recording came out at 1.09 x that way and ran at 1.53 x its
+/// idle figure on an hour's night, see `beside::text_load`.)
 pub const WITH_TEXT_OF_ROUNDS: &str =
     "slowest of three beside streams of long prompts, short answers";
 /// The requests whose decode steps are watched ([`decode_step`]): prompt and answer, in tokens.
@@ -223,8 +223,8 @@ pub async fn alone(client: &reqwest::Client, job: &Job) -> Result<Duration, Stri
 /// llama.cpp's decode steps beside the audio job took 0.37-0.5 s each, so an answer lasted
 /// 24-32 s and the recording met slowed decoding, x1.01.)
 pub struct TextLoad {
+    /// One per generation the text lane runs at once.
     streams: Vec<TextStream>,
-    generations: u64,
     /// The text engine's longest decode step on its own, seen before any job ran.
     text_step: Option<Duration>,
 }
@@ -234,17 +234,12 @@ impl TextLoad {
     /// `text`'s streams (each waits for its first token).
     pub async fn start(client: &reqwest::Client, text: TextSide<'_>) -> Result<TextLoad, String> {
         let model = served_model(client, text.base).await;
-        let generations = text.generations.max(1);
         let text_step = decode_step(client, text, &model).await?;
         let mut streams = Vec::new();
-        for _ in 0..generations {
+        for _ in 0..text.generations.max(1) {
             streams.push(TextStream::start(client, text, &model).await?);
         }
-        Ok(TextLoad {
-            streams,
-            generations,
-            text_step,
-        })
+        Ok(TextLoad { streams, text_step })
     }
 
     /// Times `job` [`ROUNDS_BESIDE`] times, one after the other, beside the running streams; the
@@ -271,7 +266,7 @@ impl TextLoad {
             alone,
             with_text: slowest(&beside),
             rounds: beside,
-            generations: self.generations,
+            generations: self.streams.len() as u64,
             text_step: self.text_step,
         })
     }
